@@ -1,0 +1,33 @@
+# Two commands: `make demo` and `make test`. Each creates .venv when missing and installs flowride into it.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Optional: a pinned torch to install first (CI sets TORCH_SPEC=torch==2.13.0, a CPU build on local disk).
+TORCH_SPEC ?=
+
+.PHONY: demo test lint setup clean bench
+
+$(BIN)/flowride: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	if [ -n "$(TORCH_SPEC)" ]; then $(BIN)/pip install -q "$(TORCH_SPEC)"; fi
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(BIN)/flowride
+
+setup: $(BIN)/flowride
+
+demo: setup
+	$(BIN)/flowride demo
+
+test: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+
+bench: setup
+	$(BIN)/python benchmarks/synth.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
