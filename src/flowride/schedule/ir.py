@@ -1,0 +1,125 @@
+"""A schedule as plain, versioned data: the epoch length, the topology, and every send.
+
+A send is (epoch, link, source GPU, chunk): in ``epoch`` the tail of ``link`` puts chunk
+``chunk`` of GPU ``source``'s input on the link. Everything else (what each GPU holds when, the
+finish time) follows from replaying the sends in :mod:`flowride.schedule.simulate`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flowride.collectives.demand import Collective, Demand, make_demand
+from flowride.errors import InputError
+from flowride.topology.io import topology_from_dict, topology_to_dict
+from flowride.topology.model import Topology
+from flowride.topology.timing import EpochTiming, epoch_timing
+
+SCHEMA = "flowride.schedule/1"
+
+
+@dataclass(frozen=True)
+class Send:
+    epoch: int
+    link: int
+    source: int
+    chunk: int
+
+
+@dataclass
+class Schedule:
+    topology: Topology
+    collective: Collective
+    size_bytes: int
+    chunks: int
+    tau: float  # epoch length, seconds
+    sends: list[Send]
+    meta: dict[str, Any] = field(default_factory=dict)  # method, solver status, ... (informative)
+
+    @property
+    def demand(self) -> Demand:
+        return make_demand(self.topology, self.collective, self.size_bytes, self.chunks)
+
+    @property
+    def timing(self) -> EpochTiming:
+        return epoch_timing(self.topology, self.demand.chunk_bytes, self.tau)
+
+    @classmethod
+    def from_tuples(cls, topology: Topology, demand: Demand, tau: float, sends, meta=None) -> Schedule:
+        return cls(
+            topology,
+            demand.collective,
+            demand.size_bytes,
+            demand.chunks,
+            tau,
+            [Send(*map(int, s)) for s in sends],
+            dict(meta or {}),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "collective": self.collective.value,
+            "size_bytes": self.size_bytes,
+            "chunks": self.chunks,
+            "epoch_duration_s": self.tau,
+            "topology": topology_to_dict(self.topology),
+            "sends": [[s.epoch, s.link, s.source, s.chunk] for s in self.sends],
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Schedule:
+        if not isinstance(data, dict):
+            raise InputError("schedule", "the JSON is not an object", "give a file written by flowride synth")
+        schema = data.get("schema")
+        if schema != SCHEMA:
+            raise InputError("schema", f"{schema!r} is not a flowride schedule", f"expected {SCHEMA!r}")
+        for key in ("collective", "size_bytes", "chunks", "epoch_duration_s", "topology", "sends"):
+            if key not in data:
+                raise InputError(key, "is missing from the schedule", "regenerate it with flowride synth")
+        sends = []
+        for i, s in enumerate(data["sends"]):
+            if not (isinstance(s, list) and len(s) == 4 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)):
+                raise InputError(f"sends[{i}]", f"{s!r} is not [epoch, link, source, chunk]", "use four integers")
+            sends.append(Send(*s))
+        tau = data["epoch_duration_s"]
+        if not isinstance(tau, int | float) or not tau > 0:
+            raise InputError("epoch_duration_s", f"{tau!r} is not a positive number", "give seconds above zero")
+        return cls(
+            topology_from_dict(data["topology"]),
+            Collective.parse(data["collective"]),
+            int(data["size_bytes"]),
+            int(data["chunks"]),
+            float(tau),
+            sends,
+            dict(data.get("meta") or {}),
+        )
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically (temp file + rename) so a crash never leaves half a schedule."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.to_dict(), f, separators=(",", ":"))
+            f.write("\n")
+        os.replace(tmp, p)
+
+
+def load_schedule(path: str | Path) -> Schedule:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise InputError("schedule", f"cannot read {p}: {e.strerror}", "give an existing schedule JSON") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError("schedule", f"{p} is not valid JSON (line {e.lineno}: {e.msg})", "fix or regenerate it") from None
+    return Schedule.from_dict(data)

@@ -1,0 +1,215 @@
+"""Path-based list scheduling in the epoch model: the ring AllGather and direct AlltoAll baselines.
+
+Each transfer follows a fixed path; every hop is placed at the earliest epoch where its link has
+room in every capacity window it touches. Hops through switches happen at forced epochs (a switch
+forwards in the epoch a chunk arrives), so a GPU -> switch -> GPU segment is placed as one piece.
+The result is a feasible schedule, so its epoch count is also an upper bound for the MILP search.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import dijkstra
+
+from flowride.collectives.demand import Collective, Demand
+from flowride.topology.model import Topology
+from flowride.topology.timing import EpochTiming
+
+Send = tuple[int, int, int, int]  # (epoch, link, source GPU, chunk)
+
+
+class _LinkBook:
+    """Chunks started per (link, epoch), checked against every b+1 window."""
+
+    def __init__(self, timing: EpochTiming) -> None:
+        self.timing = timing
+        self.used: dict[int, dict[int, int]] = defaultdict(dict)
+
+    def fits(self, link: int, k: int) -> bool:
+        b = int(self.timing.beta_epochs[link])
+        cap = int(self.timing.window_cap[link])
+        u = self.used[link]
+        for start in range(k - b, k + 1):
+            if sum(u.get(j, 0) for j in range(start, start + b + 1)) + 1 > cap:
+                return False
+        return True
+
+    def take(self, link: int, k: int) -> None:
+        self.used[link][k] = self.used[link].get(k, 0) + 1
+
+
+def _routes(topo: Topology, timing: EpochTiming) -> np.ndarray:
+    """Predecessor matrix of fewest-epoch paths (ties broken by fewer hops)."""
+    n = topo.num_nodes
+    src = np.array([lk.src for lk in topo.links])
+    dst = np.array([lk.dst for lk in topo.links])
+    w = timing.hop_delay.astype(np.float64) + 1e-3
+    g = sp.csr_matrix((w, (src, dst)), shape=(n, n))
+    _, pred = dijkstra(g, directed=True, return_predecessors=True)
+    return pred
+
+
+def _path_links(topo: Topology, pred: np.ndarray, u: int, v: int) -> list[int]:
+    nodes = [v]
+    while nodes[-1] != u:
+        p = int(pred[u, nodes[-1]])
+        if p < 0:
+            raise ValueError(f"no path {u}->{v}")
+        nodes.append(p)
+    nodes.reverse()
+    return [topo.link_index[(a, b)] for a, b in zip(nodes, nodes[1:], strict=False)]
+
+
+class GreedyScheduler:
+    def __init__(self, topo: Topology, timing: EpochTiming) -> None:
+        self.topo = topo
+        self.timing = timing
+        self.book = _LinkBook(timing)
+        self.pred = _routes(topo, timing)
+        self.hold: dict[tuple[int, int, int], int] = {}  # (source, chunk, gpu) -> epoch held
+        self.sends: list[Send] = []
+
+    def held_at(self, s: int, c: int, g: int) -> int | None:
+        if g == s:
+            return 0
+        return self.hold.get((s, c, g))
+
+    def _place_segment(self, s: int, c: int, links: list[int], ready: int) -> int:
+        """Place GPU -> switch* -> GPU at the earliest start >= ready; return the hold epoch."""
+        k = ready
+        while True:
+            epochs = []
+            e = k
+            ok = True
+            for li in links:
+                if not self.book.fits(li, e):
+                    ok = False
+                    break
+                epochs.append(e)
+                e = self.timing.arrival(li, e)
+            if ok:
+                for li, ek in zip(links, epochs, strict=True):
+                    self.book.take(li, ek)
+                    self.sends.append((ek, li, s, c))
+                return e
+            k += 1
+
+    def transfer(self, s: int, c: int, u: int, v: int) -> int:
+        """Move chunk (s, c) from GPU u (which holds it) to GPU v along a fewest-epoch path."""
+        have = self.held_at(s, c, v)
+        if have is not None:
+            return have
+        ready = self.held_at(s, c, u)
+        assert ready is not None, "transfer from a GPU that does not hold the chunk"
+        path = _path_links(self.topo, self.pred, u, v)
+        seg: list[int] = []
+        for li in path:
+            seg.append(li)
+            dst = self.topo.links[li].dst
+            if self.topo.nodes[dst].is_gpu:
+                t = self._place_segment(s, c, seg, ready)
+                prev = self.held_at(s, c, dst)
+                if prev is None or t < prev:
+                    self.hold[(s, c, dst)] = t
+                ready = self.held_at(s, c, dst)
+                seg = []
+        return self.held_at(s, c, v)
+
+
+def ring_order(topo: Topology, budget: int = 200_000) -> list[int]:
+    """A cycle through all GPUs using direct (or switch-only) hops when one can be found, preferring
+    fast links; falls back to id order (routed along shortest paths)."""
+    gpus = list(topo.gpus)
+    adj: dict[int, list[tuple[float, int]]] = {g: [] for g in gpus}
+    for g in gpus:
+        # GPUs reachable from g directly or through switches only
+        seen = {g}
+        frontier = [(g, float("inf"))]
+        while frontier:
+            node, bw = frontier.pop()
+            for li in topo.out_links(node):
+                lk = topo.links[li]
+                if lk.dst in seen:
+                    continue
+                seen.add(lk.dst)
+                b = min(bw, lk.bandwidth_GBps)
+                if topo.nodes[lk.dst].is_gpu:
+                    adj[g].append((b, lk.dst))
+                else:
+                    frontier.append((lk.dst, b))
+        adj[g].sort(key=lambda t: (-t[0], t[1]))
+    start = gpus[0]
+    path = [start]
+    used = {start}
+    steps = 0
+
+    def dfs() -> bool:
+        nonlocal steps
+        steps += 1
+        if steps > budget:
+            return False
+        if len(path) == len(gpus):
+            return any(v == start for _, v in adj[path[-1]])
+        for _, v in adj[path[-1]]:
+            if v not in used:
+                used.add(v)
+                path.append(v)
+                if dfs():
+                    return True
+                path.pop()
+                used.discard(v)
+        return False
+
+    import sys
+
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 10 * len(gpus) + 100))
+    try:
+        found = dfs()
+    finally:
+        sys.setrecursionlimit(old)
+    return path if found else gpus
+
+
+def ring_allgather(topo: Topology, demand: Demand, timing: EpochTiming) -> list[Send]:
+    """Ring AllGather: every chunk travels the ring, each GPU forwarding what it just received."""
+    order = ring_order(topo)
+    n = len(order)
+    gs = GreedyScheduler(topo, timing)
+    chunks = sorted({q.chunk for q in demand.commodities})
+    for step in range(n - 1):
+        for c in chunks:
+            for pos, s in enumerate(order):
+                u = order[(pos + step) % n]
+                v = order[(pos + step + 1) % n]
+                gs.transfer(s, c, u, v)
+    return sorted(gs.sends)
+
+
+def direct_alltoall(topo: Topology, demand: Demand, timing: EpochTiming) -> list[Send]:
+    """Direct AlltoAll: each block goes straight (shortest path) to its destination, in rounds of
+    increasing ring offset so every link is shared evenly."""
+    order = list(topo.gpus)
+    pos = {g: i for i, g in enumerate(order)}
+    n = len(order)
+    gs = GreedyScheduler(topo, timing)
+    by_pair: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for q in demand.commodities:
+        for d in q.dests:
+            by_pair[(q.source, d)].append(q.chunk)
+    for off in range(1, n):
+        for s in order:
+            d = order[(pos[s] + off) % n]
+            for c in by_pair.get((s, d), []):
+                gs.transfer(s, c, s, d)
+    return sorted(gs.sends)
+
+
+def baseline_sends(topo: Topology, demand: Demand, timing: EpochTiming) -> tuple[str, list[Send]]:
+    """The collective's classic baseline: ring AllGather or direct AlltoAll."""
+    if demand.collective is Collective.ALLGATHER:
+        return "ring", ring_allgather(topo, demand, timing)
+    return "direct", direct_alltoall(topo, demand, timing)

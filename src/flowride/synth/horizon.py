@@ -1,0 +1,179 @@
+"""Finding the horizon: bisection on the number of epochs with feasibility probes.
+
+The lower end comes from sound epoch bounds (latency, per-GPU ingress, chassis cuts), the upper
+end from a feasible baseline schedule. Each probe asks the MILP for any schedule meeting every
+demand by epoch T and stops at its first feasible solution. When the search closes (every T below
+the answer proven infeasible) the epoch count is proven minimal for this epoch length.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flowride.collectives.demand import Collective, Demand
+from flowride.synth.highs import SolveOptions, solve
+from flowride.synth.milp import Infeasible, build_model, sends_from_solution
+from flowride.synth.reach import epoch_distances
+from flowride.topology.model import Topology
+from flowride.topology.timing import EpochTiming
+
+Progress = Callable[[dict], None]
+
+
+def _arrivals_between(timing: EpochTiming, link: int, A: int, T: int) -> int:
+    """Most chunks that can arrive over ``link`` with arrival epoch in [A, T]."""
+    first = 1 if timing.src_is_switch[link] else 0  # a switch forwards only what arrived
+    d = int(timing.hop_delay[link])
+    n = T - d - max(A - d, first) + 1
+    if n <= 0:
+        return 0
+    b = int(timing.beta_epochs[link])
+    return math.ceil(n / (b + 1)) * int(timing.window_cap[link])
+
+
+def _last_entry_epoch(links: list[int], releases: list[int], timing: EpochTiming) -> int:
+    """Earliest epoch by which all chunks with the given earliest arrivals can have crossed
+    ``links``: for every threshold A, the chunks that cannot arrive before A must fit the
+    arrival slots in [A, T]."""
+    if not releases:
+        return 0
+    rel = sorted(releases, reverse=True)
+    thresholds = sorted(set(rel))
+    later = {A: sum(1 for r in rel if r >= A) for A in thresholds}
+    T = rel[0]
+    while any(sum(_arrivals_between(timing, li, A, T) for li in links) < later[A] for A in thresholds if A <= T):
+        T += 1
+    return T
+
+
+def cut_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray, inside: set[int]) -> int:
+    """Epochs needed to bring every chunk that must enter ``inside`` across its boundary, plus the
+    epochs the last one then needs to reach every GPU inside that wants it."""
+    into = [i for i, lk in enumerate(topo.links) if lk.dst in inside and lk.src not in inside]
+    if not into:
+        return 0
+    tails = np.array([topo.links[i].src for i in into])
+    heads = sorted({topo.links[i].dst for i in into})
+    delays = timing.hop_delay[into]
+    releases: list[int] = []
+    spread = None
+    for q in demand.commodities:
+        if q.source in inside:
+            continue
+        ds = [d for d in q.dests if d in inside]
+        if not ds:
+            continue
+        rho = int((D[q.source, tails] + delays).min())
+        if demand.collective is Collective.ALLGATHER:
+            releases.append(rho)  # one copy enters, copies are made inside
+            need = min(int(D[h, ds].max()) for h in heads)
+        else:
+            releases.extend([rho] * len(ds))
+            need = min(int(D[h, ds].min()) for h in heads)
+        spread = need if spread is None else min(spread, need)
+    if not releases:
+        return 0
+    return _last_entry_epoch(into, releases, timing) + int(spread or 0)
+
+
+def epoch_lower_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray | None = None) -> dict[str, int]:
+    """Sound lower bounds on the epochs any schedule needs, by kind: the latency of the farthest
+    delivery, each GPU's ingress, and each chassis cut (with the spread inside after the cut)."""
+    if D is None:
+        D = epoch_distances(topo, timing)
+    lat = max(int(D[q.source, d]) for q in demand.commodities for d in q.dests)
+    ingress = max(cut_bound(topo, demand, timing, D, {g}) for g in demand.needs())
+    cut = 0
+    groups: dict[int, set[int]] = {}
+    for nd in topo.nodes:
+        if nd.group is not None:
+            groups.setdefault(nd.group, set()).add(nd.id)
+    if len(groups) >= 2:
+        everything = set(range(topo.num_nodes))
+        for members in groups.values():
+            for inside in (members, everything - members):
+                cut = max(cut, cut_bound(topo, demand, timing, D, inside))
+    return {"latency": lat, "ingress": ingress, "cut": cut}
+
+
+@dataclass
+class Probe:
+    T: int
+    outcome: str  # feasible | infeasible | timeout
+    seconds: float
+    columns: int
+    rows: int
+
+
+@dataclass
+class SearchResult:
+    sends: list[tuple[int, int, int, int]] | None  # None: nothing better than the upper-bound schedule
+    T: int  # horizon of the best schedule found (its real finish may be earlier)
+    lower: int  # every horizon below this is proven (or bounded) infeasible
+    timed_out: bool
+    probes: list[Probe] = field(default_factory=list)
+    solver_seconds: float = 0.0
+
+    @property
+    def proven_minimal(self) -> bool:
+        return not self.timed_out and self.lower >= self.T
+
+
+def bisect_horizon(
+    topo: Topology,
+    demand: Demand,
+    timing: EpochTiming,
+    lo: int,
+    hi: int,
+    time_limit: float | None = None,
+    mip_gap: float | None = None,
+    threads: int | None = None,
+    progress: Progress | None = None,
+    D: np.ndarray | None = None,
+) -> SearchResult:
+    """Smallest T in [lo, hi] whose probe is feasible; ``hi`` is known feasible (a baseline)."""
+    if D is None:
+        D = epoch_distances(topo, timing)
+    t0 = time.perf_counter()
+    res = SearchResult(None, hi, lo, False)
+    first = True
+    while lo < hi:
+        # The bounds are often tight: try the lower end first, then bisect.
+        mid = lo if first else (lo + hi) // 2
+        first = False
+        remaining = None if time_limit is None else time_limit - (time.perf_counter() - t0)
+        if remaining is not None and remaining <= 0:
+            res.timed_out = True
+            break
+        if progress:
+            progress({"stage": "probe", "T": mid, "lo": lo, "hi": hi, "elapsed": time.perf_counter() - t0})
+        ps = time.perf_counter()
+        try:
+            model, idx = build_model(topo, demand, timing, mid, D)
+        except Infeasible:
+            res.probes.append(Probe(mid, "infeasible", time.perf_counter() - ps, 0, 0))
+            lo = mid + 1
+            continue
+        out = solve(model, SolveOptions(time_limit=remaining, mip_gap=mip_gap, threads=threads, first_feasible=True))
+        res.solver_seconds += out.seconds
+        if out.x is not None:
+            res.probes.append(Probe(mid, "feasible", time.perf_counter() - ps, model.num_cols, model.num_rows))
+            res.sends = sends_from_solution(idx, demand, out.x)
+            hi = mid
+        elif out.status == "infeasible":
+            res.probes.append(Probe(mid, "infeasible", time.perf_counter() - ps, model.num_cols, model.num_rows))
+            lo = mid + 1
+        else:
+            res.probes.append(Probe(mid, "timeout", time.perf_counter() - ps, model.num_cols, model.num_rows))
+            res.timed_out = True
+            break
+        if progress:
+            progress({"stage": "probed", "T": mid, "outcome": res.probes[-1].outcome, "lo": lo, "hi": hi, "elapsed": time.perf_counter() - t0})
+    res.T = hi
+    res.lower = lo
+    return res

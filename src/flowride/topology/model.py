@@ -1,0 +1,150 @@
+"""A GPU topology as plain data: nodes (GPUs and switches) and directed links.
+
+Each link has a bandwidth in GB/s (decimal, 1e9 bytes/s) and a latency alpha in seconds. Node ids
+are the integers 0..N-1; a GPU's rank is its position among the GPUs in id order. A switch holds
+nothing: it forwards (and, when ``copy`` is set, replicates) a chunk in the epoch it arrives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Literal
+
+import networkx as nx
+
+from flowride.errors import InputError
+
+NodeKind = Literal["gpu", "switch"]
+
+
+@dataclass(frozen=True)
+class Node:
+    id: int
+    kind: NodeKind = "gpu"
+    copy: bool = True  # switches only: may replicate a chunk onto several out-links
+    group: int | None = None  # chassis (or any locality group) for cut bounds and drawings
+    label: str = ""
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == "gpu"
+
+
+@dataclass(frozen=True)
+class Link:
+    src: int
+    dst: int
+    bandwidth_GBps: float
+    alpha_s: float = 0.0
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bandwidth_GBps * 1e9
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Nodes and directed links; validated on construction so every later stage can trust it."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    links: tuple[Link, ...]
+    # Number of ranks the collective's buffer is divided among. Defaults to the GPU count; the
+    # TE-CCL compat NDv2 variant keeps 16 although one GPU is modelled as a switch.
+    nominal_gpus: int | None = None
+    description: str = ""
+    params: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "links", tuple(self.links))
+        self._validate()
+
+    # ---------------------------------------------------------------- validation
+    def _validate(self) -> None:
+        n = len(self.nodes)
+        if n == 0:
+            raise InputError("nodes", "the topology has no nodes", "add at least two GPUs")
+        for pos, node in enumerate(self.nodes):
+            if node.id != pos:
+                raise InputError(
+                    f"nodes[{pos}].id", f"is {node.id}, expected {pos}", "number nodes 0..N-1 in order"
+                )
+            if node.kind not in ("gpu", "switch"):
+                raise InputError(f"nodes[{pos}].kind", f"unknown kind {node.kind!r}", "use 'gpu' or 'switch'")
+        seen: set[tuple[int, int]] = set()
+        for li, link in enumerate(self.links):
+            where = f"links[{li}] ({link.src}->{link.dst})"
+            for end, v in (("src", link.src), ("dst", link.dst)):
+                if not isinstance(v, int) or not 0 <= v < n:
+                    raise InputError(f"{where}.{end}", f"unknown node {v!r}", f"use a node id in 0..{n - 1}")
+            if link.src == link.dst:
+                raise InputError(where, "is a self-loop", "remove it: a node needs no link to itself")
+            if not link.bandwidth_GBps > 0:
+                raise InputError(f"{where}.bandwidth_GBps", f"{link.bandwidth_GBps} is not positive", "give GB/s above zero")
+            if not link.alpha_s >= 0:
+                raise InputError(f"{where}.alpha", f"{link.alpha_s} is negative", "give a latency of zero or more")
+            if (link.src, link.dst) in seen:
+                raise InputError(where, "duplicates an earlier link", "merge them into one link with the summed bandwidth")
+            seen.add((link.src, link.dst))
+        gpus = self.gpus
+        if len(gpus) < 2:
+            raise InputError("nodes", f"{len(gpus)} GPU(s)", "a collective needs at least two GPUs")
+        g = self.graph
+        for s in gpus:
+            reach = nx.descendants(g, s)
+            for d in gpus:
+                if d != s and d not in reach:
+                    raise InputError("links", f"GPU {d} cannot be reached from GPU {s}", "add links so every GPU reaches every other")
+        if self.nominal_gpus is not None and self.nominal_gpus < len(gpus):
+            raise InputError("nominal_gpus", f"{self.nominal_gpus} is below the {len(gpus)} GPUs", "leave it unset")
+
+    # ---------------------------------------------------------------- views
+    @cached_property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(nd.id for nd in self.nodes if nd.is_gpu)
+
+    @cached_property
+    def switches(self) -> tuple[int, ...]:
+        return tuple(nd.id for nd in self.nodes if not nd.is_gpu)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def buffer_ranks(self) -> int:
+        """How many ranks share the collective's buffer (chunk = size / this / chunks)."""
+        return self.nominal_gpus or len(self.gpus)
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        g = nx.DiGraph(name=self.name)
+        for nd in self.nodes:
+            g.add_node(nd.id, kind=nd.kind, copy=nd.copy, group=nd.group)
+        for li, lk in enumerate(self.links):
+            g.add_edge(lk.src, lk.dst, index=li, bandwidth_GBps=lk.bandwidth_GBps, alpha_s=lk.alpha_s)
+        return g
+
+    @cached_property
+    def link_index(self) -> dict[tuple[int, int], int]:
+        return {(lk.src, lk.dst): i for i, lk in enumerate(self.links)}
+
+    def in_links(self, node: int) -> list[int]:
+        return [i for i, lk in enumerate(self.links) if lk.dst == node]
+
+    def out_links(self, node: int) -> list[int]:
+        return [i for i, lk in enumerate(self.links) if lk.src == node]
+
+    @cached_property
+    def groups(self) -> dict[int, tuple[int, ...]]:
+        """GPU ids per locality group (chassis); empty when the topology declares none."""
+        out: dict[int, list[int]] = {}
+        for nd in self.nodes:
+            if nd.is_gpu and nd.group is not None:
+                out.setdefault(nd.group, []).append(nd.id)
+        return {k: tuple(v) for k, v in out.items()}
+
+    def summary(self) -> str:
+        return f"{self.name}: {len(self.gpus)} GPUs, {len(self.switches)} switches, {len(self.links)} links"
