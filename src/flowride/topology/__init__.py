@@ -1,6 +1,18 @@
 """GPU topologies: nodes, directed links with bandwidth and latency, built-ins, JSON."""
 
-from flowride.topology.builtins import BUILTINS, build_topology, dgx1, dgx2, full, mesh, mi250, ndv2, ring, switch, torus
+from flowride.topology.builtins import (
+    BUILTINS,
+    build_topology,
+    dgx1,
+    dgx2,
+    full,
+    mesh,
+    mi250,
+    ndv2,
+    ring,
+    switch,
+    torus,
+)
 from flowride.topology.io import load_topology, save_topology, topology_from_dict, topology_to_dict
 from flowride.topology.model import Link, Node, Topology
 from flowride.topology.timing import EpochTiming, epoch_timing

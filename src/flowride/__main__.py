@@ -1,0 +1,5 @@
+import sys
+
+from flowride.cli import main
+
+sys.exit(main())

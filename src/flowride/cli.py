@@ -1,0 +1,247 @@
+"""flowride command line: parse, call the library, print. Bad input: one line, exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from flowride.errors import InputError
+from flowride.units import format_size, parse_size
+
+console = Console()
+err = Console(stderr=True)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one clear line, exit 2
+        err.print(f"[red]error:[/red] {self.prog}: {message}", highlight=False)
+        sys.exit(2)
+
+
+def _topology_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", "-t", required=True, help="built-in name (see `flowride topologies`) or a topology JSON file")
+    p.add_argument("--chassis", type=int, help="chassis count (ndv2, dgx2, mi250)")
+    p.add_argument("--teccl-compat", action="store_true", default=None, help="ndv2: model GPU 0 as a bufferless switch, as the published TE-CCL results did")
+    p.add_argument("--n", type=int, help="GPU count (ring, full, switch)")
+    p.add_argument("--rows", type=int, help="rows (mesh, torus)")
+    p.add_argument("--cols", type=int, help="columns (mesh, torus)")
+    p.add_argument("--bandwidth", type=float, help="GB/s per link (generic topologies)")
+    p.add_argument("--alpha-us", type=float, help="link latency in microseconds (generic topologies)")
+
+
+def _load_topology(a: argparse.Namespace):
+    from flowride.topology import build_topology, load_topology
+
+    name = a.topology
+    if name.endswith(".json") or Path(name).is_file():
+        extra = [k for k in ("chassis", "teccl_compat", "n", "rows", "cols", "bandwidth", "alpha_us") if getattr(a, k) is not None]
+        if extra:
+            raise InputError(f"--{extra[0].replace('_', '-')}", "does not apply to a topology file", "edit the JSON instead")
+        return load_topology(name)
+    params = {k: getattr(a, k) for k in ("chassis", "teccl_compat", "n", "rows", "cols", "bandwidth", "alpha_us")}
+    params = {k: v for k, v in params.items() if v is not None}
+    try:
+        return build_topology(name, **params)
+    except InputError as e:
+        if e.field in params:
+            raise InputError(f"--{e.field.replace('_', '-')}", e.problem, e.fix) from None
+        raise
+
+
+def _epoch(text: str) -> str | float:
+    if text.lower() in ("fast", "slow"):
+        return text.lower()
+    try:
+        v = float(text)
+    except ValueError:
+        raise InputError("--epoch", f"{text!r} is neither fast, slow nor seconds", "use fast, slow or e.g. 5e-6") from None
+    if not v > 0:
+        raise InputError("--epoch", f"{text} is not positive", "give seconds above zero")
+    return v
+
+
+class _ProgressView:
+    """Live one-line status while solving: stage, probe horizon, search interval, elapsed."""
+
+    def __init__(self, status) -> None:
+        self.status = status
+        self.t0 = time.perf_counter()
+
+    def __call__(self, ev: dict) -> None:
+        el = time.perf_counter() - self.t0
+        if ev["stage"] == "bounds":
+            msg = f"baseline {ev['baseline']} needs {ev['hi']} epochs; lower bound {ev['lo']}"
+        elif ev["stage"] == "probe":
+            msg = f"MILP probe: {ev['T']} epochs (search [{ev['lo']}, {ev['hi']}], best so far {ev['hi']})"
+        else:
+            msg = f"probe {ev['T']} epochs: {ev['outcome']} (search [{ev['lo']}, {ev['hi']}])"
+            err.print(f"  {msg}  [{el:.1f}s]", highlight=False)
+        self.status.update(f"[bold]synth[/bold] {msg}  [{el:.1f}s]")
+
+
+def _result_table(rep: dict) -> Table:
+    t = Table(title=f"{rep['collective']} {format_size(rep['size_bytes'])} on {rep['topology']} ({rep['gpus']} GPUs)")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("finish time", f"{rep['finish_time_us']:.3f} us  ({rep['epochs']} epochs x {rep['epoch_duration_us']:.4g} us)")
+    t.add_row("algorithmic bandwidth", f"{rep['algbw_GBps']:.3f} GB/s")
+    t.add_row("lower bound", f"{rep['lower_bound_us']:.3f} us ({rep['lower_bound_kind']}); ratio {rep['ratio_to_lower_bound']:.3f}")
+    t.add_row(f"{rep['baseline']} baseline", f"{rep['baseline_us']:.3f} us; ours is {rep['speedup_vs_baseline']:.2f}x faster")
+    t.add_row("solver time", f"{rep['solver_time_s']:.2f} s (wall {rep['wall_time_s']:.2f} s, {len(rep['probes'])} probes)")
+    proven = "epochs proven minimal" if rep["proven_minimal_epochs"] else f"epoch lower bound {rep['epoch_lower_bound']}"
+    t.add_row("status", f"{rep['status']} ({proven}); verified: {rep['verified']}")
+    return t
+
+
+def cmd_synth(a: argparse.Namespace) -> int:
+    from flowride.api import synthesize
+
+    topo = _load_topology(a)
+    size = parse_size(a.size, "--size")
+    epoch = _epoch(a.epoch)
+    if a.time_limit is not None and not a.time_limit > 0:
+        raise InputError("--time-limit", f"{a.time_limit} is not positive", "give seconds above zero")
+    with err.status("[bold]synth[/bold] building bounds and baseline") as st:
+        out = synthesize(topo, a.collective, size, epoch, a.chunks, a.time_limit, a.mip_gap, a.threads, _ProgressView(st))
+    rep = out.report()
+    if a.out:
+        out.schedule.save(a.out)
+    if a.report:
+        Path(a.report).write_text(json.dumps(rep, indent=1) + "\n")
+    console.print(_result_table(rep))
+    if rep["status"] == "timeout":
+        err.print(f"[yellow]time limit reached: best schedule returned, {rep['epoch_gap']} epoch(s) above the proven lower bound[/yellow]")
+    if a.out:
+        console.print(f"schedule written to {a.out}")
+    return 0
+
+
+def cmd_verify(a: argparse.Namespace) -> int:
+    from flowride.schedule import load_schedule, lower_bounds, simulate
+
+    sched = load_schedule(a.schedule)
+    sim = simulate(sched)
+    if not sim.valid:
+        err.print(f"[red]invalid:[/red] {sim.first_violation}", highlight=False)
+        if len(sim.violations) > 1:
+            err.print(f"({len(sim.violations) - 1} more violation(s))")
+        return 1
+    lb = lower_bounds(sched.topology, sched.demand).best_s
+    console.print(
+        f"valid: {len(sched.sends)} sends, {sim.epochs} epochs, finish {sim.finish_time_s * 1e6:.3f} us "
+        f"(lower bound {lb * 1e6:.3f} us)"
+    )
+    return 0
+
+
+def cmd_topologies(a: argparse.Namespace) -> int:
+    from flowride.topology import BUILTINS, build_topology
+
+    t = Table(title="built-in topologies")
+    for c in ("name", "parameters", "example", "GPUs", "switches", "links"):
+        t.add_column(c)
+    for name, spec in BUILTINS.items():
+        topo = build_topology(name, **spec.example)
+        ex = ", ".join(f"{k}={v}" for k, v in spec.example.items()) or "-"
+        t.add_row(name, ", ".join(spec.params) or "-", ex, str(len(topo.gpus)), str(len(topo.switches)), str(len(topo.links)))
+    console.print(t)
+    return 0
+
+
+def cmd_topology(a: argparse.Namespace) -> int:
+    from flowride.topology import save_topology
+
+    topo = _load_topology(a)
+    if a.out:
+        save_topology(topo, a.out)
+        console.print(f"{topo.summary()} written to {a.out}")
+    else:
+        console.print(topo.summary())
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from flowride.api import synthesize
+    from flowride.topology import dgx1, ndv2
+
+    cases = [
+        (dgx1(), "allgather", "64MB", "fast"),
+        (dgx1(), "alltoall", "64MB", "slow"),
+        (ndv2(2, teccl_compat=True), "allgather", "1GB", "slow"),
+        (ndv2(2, teccl_compat=True), "allgather", "1GB", "fast"),
+    ]
+    t = Table(title="flowride demo: synthesized schedules against the baseline and the lower bound")
+    for c in ("case", "finish us", "baseline us", "bound us", "solver s", "status"):
+        t.add_column(c, justify="right")
+    with err.status("demo") as st:
+        for topo, coll, size, ep in cases:
+            st.update(f"[bold]demo[/bold] {coll} {size} on {topo.name} ({ep})")
+            o = synthesize(topo, coll, parse_size(size), ep, time_limit=120)
+            r = o.report()
+            t.add_row(
+                f"{topo.name} {coll} {size} {ep}",
+                f"{r['finish_time_us']:.1f}",
+                f"{r['baseline_us']:.1f} ({r['baseline']}, {r['speedup_vs_baseline']:.2f}x slower)",
+                f"{r['lower_bound_us']:.1f} (ours {r['ratio_to_lower_bound']:.2f}x)",
+                f"{r['solver_time_s']:.2f}",
+                f"{r['status']}{', verified' if r['verified'] else ', UNVERIFIED'}",
+            )
+    console.print(t)
+    console.print("published TE-CCL (Gurobi) for ndv2 2-chassis AllGather 1GB: slow 50000 us, fast 43750 us")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="flowride", description="Collective schedule synthesis and pipeline-bubble harvesting.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("synth", help="synthesize a verified collective schedule")
+    _topology_args(s)
+    s.add_argument("--collective", "-c", default="allgather", help="allgather or alltoall")
+    s.add_argument("--size", "-s", required=True, help="output buffer per GPU, e.g. 16MB, 1GiB")
+    s.add_argument("--epoch", default="fast", help="epoch length: fast, slow or seconds")
+    s.add_argument("--chunks", type=int, default=1, help="chunks per source block")
+    s.add_argument("--time-limit", type=float, help="seconds for the whole search; the best schedule so far is returned")
+    s.add_argument("--mip-gap", type=float, help="relative MIP gap at which a probe may stop")
+    s.add_argument("--threads", type=int, help="solver threads")
+    s.add_argument("--out", "-o", help="write the schedule JSON here")
+    s.add_argument("--report", help="write the report JSON here")
+    s.set_defaults(func=cmd_synth)
+
+    v = sub.add_parser("verify", help="replay a schedule and check it")
+    v.add_argument("schedule")
+    v.set_defaults(func=cmd_verify)
+
+    t = sub.add_parser("topologies", help="list the built-in topologies")
+    t.set_defaults(func=cmd_topologies)
+
+    tp = sub.add_parser("topology", help="build a topology and optionally save it as JSON")
+    _topology_args(tp)
+    tp.add_argument("--out", "-o", help="write the topology JSON here")
+    tp.set_defaults(func=cmd_topology)
+
+    d = sub.add_parser("demo", help="a short showcase on built-in topologies")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
