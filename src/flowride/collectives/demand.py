@@ -13,13 +13,13 @@ peer (AlltoAll), split into ``chunks`` chunks of ``size / buffer_ranks / chunks`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from flowride.errors import InputError
 from flowride.topology.model import Topology
 
 
-class Collective(str, Enum):
+class Collective(StrEnum):
     ALLGATHER = "allgather"
     ALLTOALL = "alltoall"
 

@@ -103,7 +103,6 @@ def build_index(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: 
     if D is None:
         D = epoch_distances(topo, timing)
     R = dist_to_need(topo, demand, D)
-    L = len(topo.links)
     l_src = np.array([lk.src for lk in topo.links])
     l_dst = np.array([lk.dst for lk in topo.links])
     delay = timing.hop_delay
@@ -127,7 +126,6 @@ def build_index(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: 
     # Buffers: a GPU g (not the source) may hold q from its earliest arrival to T, where it sends
     # or where it is a destination.
     hq, hg, ht = [], [], []
-    gpu_set = set(topo.gpus)
     senders = {(int(q), int(l_src[li])) for q, li in zip(f_q.tolist(), f_l.tolist(), strict=True)}
     for qi, q in enumerate(demand.commodities):
         dests = set(q.dests)
@@ -158,7 +156,6 @@ def build_index(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: 
     nf, nh = len(f_q), len(h_q)
     h_lookup = {(int(a), int(b), int(c)): nf + i for i, (a, b, c) in enumerate(zip(h_q, h_g, h_t, strict=True))}
     p_lookup = {k: nf + nh + i for i, k in enumerate(keys)}
-    del gpu_set
     return FlowIndex(T, f_q, f_l, f_k, h_q, h_g, h_t, p_q, p_w, p_e, h_lookup, p_lookup)
 
 
@@ -237,7 +234,6 @@ def switch_forwards_on_arrival(idx: FlowIndex, topo: Topology, timing: EpochTimi
         return
     # group key (q, switch, epoch) for both sides
     T1 = idx.T + 1
-    nq = int(idx.f_q.max()) + 1 if idx.nf else 1
 
     def key(q, w, e):
         return (q * n_nodes + w) * (T1 + 64) + e
@@ -246,7 +242,6 @@ def switch_forwards_on_arrival(idx: FlowIndex, topo: Topology, timing: EpochTimi
     in_key = key(idx.f_q[in_sel], l_dst[idx.f_l[in_sel]], in_arr)
     out_w = l_src[idx.f_l[out_sel]]
     out_key = key(idx.f_q[out_sel], out_w, idx.f_k[out_sel])
-    del nq
     r_list, c_list, v_list = [], [], []
     nrows = 0
     # no-copy switches: one row per (q, w, e) group of out-sends
@@ -306,7 +301,6 @@ def link_capacity_window(idx: FlowIndex, topo: Topology, timing: EpochTiming, ro
         sum_{q} sum_{k' in [k-b, k]} F[q,l,k'] <= window_cap_l     for every link l and epoch k
     """
     T1 = idx.T + 1
-    L = len(topo.links)
     b = timing.beta_epochs
     r_list, c_list = [], []
     for shift in range(int(b.max()) + 1):
@@ -334,7 +328,6 @@ def link_capacity_window(idx: FlowIndex, topo: Topology, timing: EpochTiming, ro
         np.full(len(keep_rows), -np.inf),
         cap[keep_rows],
     )
-    del L
 
 
 def demand_met_by_horizon(idx: FlowIndex, demand: Demand, lb: np.ndarray) -> None:
