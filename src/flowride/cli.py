@@ -18,9 +18,14 @@ console = Console()
 err = Console(stderr=True)
 
 
+def _say_error(msg: str) -> None:
+    """One plain line on stderr (no wrapping or markup, so it stays one line for scripts)."""
+    print(f"error: {msg}", file=sys.stderr)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one clear line, exit 2
-        err.print(f"[red]error:[/red] {self.prog}: {message}", highlight=False)
+        _say_error(f"{self.prog}: {message}")
         sys.exit(2)
 
 
@@ -128,7 +133,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
     sched = load_schedule(a.schedule)
     sim = simulate(sched)
     if not sim.valid:
-        err.print(f"[red]invalid:[/red] {sim.first_violation}", highlight=False)
+        print(f"invalid: {sim.first_violation}", file=sys.stderr)
         if len(sim.violations) > 1:
             err.print(f"({len(sim.violations) - 1} more violation(s))")
         return 1
@@ -236,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except InputError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False)
+        _say_error(str(e))
         return 2
     except KeyboardInterrupt:
         err.print("interrupted")
