@@ -7,15 +7,13 @@ finish time) follows from replaying the sends in :mod:`flowride.schedule.simulat
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flowride.collectives.demand import Collective, Demand, make_demand
 from flowride.errors import InputError
+from flowride.files import read_json, write_json_atomic
 from flowride.topology.io import topology_from_dict, topology_to_dict
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming, epoch_timing
@@ -103,23 +101,8 @@ class Schedule:
 
     def save(self, path: str | Path) -> None:
         """Write atomically (temp file + rename) so a crash never leaves half a schedule."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.to_dict(), f, separators=(",", ":"))
-            f.write("\n")
-        os.replace(tmp, p)
+        write_json_atomic(path, self.to_dict())
 
 
 def load_schedule(path: str | Path) -> Schedule:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError("schedule", f"cannot read {p}: {e.strerror}", "give an existing schedule JSON") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError("schedule", f"{p} is not valid JSON (line {e.lineno}: {e.msg})", "fix or regenerate it") from None
-    return Schedule.from_dict(data)
+    return Schedule.from_dict(read_json(path, "schedule", "give an existing schedule JSON"))

@@ -34,21 +34,6 @@ class Bounds:
         return max((("ingress", self.ingress_s), ("cut", self.cut_s), ("latency", self.latency_s)), key=lambda t: t[1])[0]
 
 
-def _cut_sets(topo: Topology) -> list[frozenset[int]]:
-    """Node sets to cut around: every group (chassis, with its switches) and its complement."""
-    sets: list[frozenset[int]] = []
-    groups: dict[int, set[int]] = {}
-    for nd in topo.nodes:
-        if nd.group is not None:
-            groups.setdefault(nd.group, set()).add(nd.id)
-    if len(groups) >= 2:
-        all_nodes = set(range(topo.num_nodes))
-        for members in groups.values():
-            sets.append(frozenset(members))
-            sets.append(frozenset(all_nodes - members))
-    return sets
-
-
 def entering(demand: Demand, inside: frozenset[int]) -> int:
     """Chunks that must cross into ``inside`` (node set)."""
     n = 0
@@ -68,7 +53,7 @@ def lower_bounds(topo: Topology, demand: Demand) -> Bounds:
         bw = sum(topo.links[li].bytes_per_s for li in topo.in_links(g))
         ingress = max(ingress, need * cb / bw)
     cut = 0.0
-    for s in _cut_sets(topo):
+    for s in topo.cut_sets():
         n = entering(demand, s)
         if n == 0:
             continue

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
-import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra
 
 from flowride.collectives.demand import Collective, Demand
+from flowride.synth.reach import delay_graph
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming
 
@@ -43,12 +43,7 @@ class _LinkBook:
 
 def _routes(topo: Topology, timing: EpochTiming) -> np.ndarray:
     """Predecessor matrix of fewest-epoch paths (ties broken by fewer hops)."""
-    n = topo.num_nodes
-    src = np.array([lk.src for lk in topo.links])
-    dst = np.array([lk.dst for lk in topo.links])
-    w = timing.hop_delay.astype(np.float64) + 1e-3
-    g = sp.csr_matrix((w, (src, dst)), shape=(n, n))
-    _, pred = dijkstra(g, directed=True, return_predecessors=True)
+    _, pred = dijkstra(delay_graph(topo, timing, per_hop=1e-3), directed=True, return_predecessors=True)
     return pred
 
 

@@ -88,16 +88,7 @@ def epoch_lower_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np
         D = epoch_distances(topo, timing)
     lat = max(int(D[q.source, d]) for q in demand.commodities for d in q.dests)
     ingress = max(cut_bound(topo, demand, timing, D, {g}) for g in demand.needs())
-    cut = 0
-    groups: dict[int, set[int]] = {}
-    for nd in topo.nodes:
-        if nd.group is not None:
-            groups.setdefault(nd.group, set()).add(nd.id)
-    if len(groups) >= 2:
-        everything = set(range(topo.num_nodes))
-        for members in groups.values():
-            for inside in (members, everything - members):
-                cut = max(cut, cut_bound(topo, demand, timing, D, inside))
+    cut = max((cut_bound(topo, demand, timing, D, set(inside)) for inside in topo.cut_sets()), default=0)
     return {"latency": lat, "ingress": ingress, "cut": cut}
 
 

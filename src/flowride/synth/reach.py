@@ -17,15 +17,19 @@ from flowride.topology.timing import EpochTiming
 UNREACHABLE = np.iinfo(np.int32).max // 4
 
 
-def epoch_distances(topo: Topology, timing: EpochTiming) -> np.ndarray:
-    """D[u, v]: fewest epochs from u holding (or forwarding) a chunk to v holding (forwarding) it."""
+def delay_graph(topo: Topology, timing: EpochTiming, per_hop: float = 1e-6) -> sp.csr_matrix:
+    """Sparse graph of hop delays in epochs. ``per_hop`` keeps zero-delay hops (switch -> GPU with
+    a = 0) as edges and breaks ties toward fewer hops."""
     n = topo.num_nodes
     src = np.array([lk.src for lk in topo.links])
     dst = np.array([lk.dst for lk in topo.links])
-    # Zero-delay hops (switch -> GPU with a = 0) must stay edges: add a tiny weight, round after.
-    w = timing.hop_delay.astype(np.float64) + 1e-6
-    g = sp.csr_matrix((w, (src, dst)), shape=(n, n))
-    d = dijkstra(g, directed=True)
+    return sp.csr_matrix((timing.hop_delay.astype(np.float64) + per_hop, (src, dst)), shape=(n, n))
+
+
+def epoch_distances(topo: Topology, timing: EpochTiming) -> np.ndarray:
+    """D[u, v]: fewest epochs from u holding (or forwarding) a chunk to v holding (forwarding) it."""
+    n = topo.num_nodes
+    d = dijkstra(delay_graph(topo, timing), directed=True)
     out = np.full((n, n), UNREACHABLE, dtype=np.int64)
     fin = np.isfinite(d)
     out[fin] = np.rint(np.floor(d[fin] + 1e-3)).astype(np.int64)

@@ -9,11 +9,11 @@ Links are directed; ``alpha_us`` is the latency in microseconds (default 0).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from flowride.errors import InputError
+from flowride.files import read_json, write_json_atomic
 from flowride.topology.model import Link, Node, Topology
 
 SCHEMA = "flowride.topology/1"
@@ -103,17 +103,8 @@ def topology_from_dict(data: Any) -> Topology:
 
 
 def save_topology(topo: Topology, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(topology_to_dict(topo), indent=1) + "\n")
+    write_json_atomic(path, topology_to_dict(topo), indent=1)
 
 
 def load_topology(path: str | Path) -> Topology:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError("topology", f"cannot read {p}: {e.strerror}", "give an existing JSON file") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError("topology", f"{p} is not valid JSON (line {e.lineno}: {e.msg})", "fix the file") from None
-    return topology_from_dict(data)
+    return topology_from_dict(read_json(path, "topology", "give an existing topology JSON file"))

@@ -146,5 +146,22 @@ class Topology:
                 out.setdefault(nd.group, []).append(nd.id)
         return {k: tuple(v) for k, v in out.items()}
 
+    @cached_property
+    def group_nodes(self) -> dict[int, frozenset[int]]:
+        """All nodes (GPUs and switches) per locality group, for cuts between chassis."""
+        out: dict[int, set[int]] = {}
+        for nd in self.nodes:
+            if nd.group is not None:
+                out.setdefault(nd.group, set()).add(nd.id)
+        return {k: frozenset(v) for k, v in out.items()}
+
+    def cut_sets(self) -> list[frozenset[int]]:
+        """Every group and its complement, when there are at least two groups."""
+        groups = self.group_nodes
+        if len(groups) < 2:
+            return []
+        everything = frozenset(range(self.num_nodes))
+        return [s for members in groups.values() for s in (members, everything - members)]
+
     def summary(self) -> str:
         return f"{self.name}: {len(self.gpus)} GPUs, {len(self.switches)} switches, {len(self.links)} links"
