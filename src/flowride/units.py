@@ -1,5 +1,6 @@
 """Parsing of human-written sizes: decimal (KB, MB, GB) and binary (KiB, MiB, GiB) units."""
 
+import math
 import re
 
 from flowride.errors import InputError
@@ -31,8 +32,8 @@ def parse_size(text: str | int | float, field: str = "size") -> int:
     if unit not in _UNITS:
         raise InputError(field, f"unknown unit {unit!r}", "use B, KB, MB, GB (decimal) or KiB, MiB, GiB")
     nbytes = value * _UNITS[unit]
-    if nbytes <= 0 or nbytes != nbytes:
-        raise InputError(field, f"{text!r} is not a positive size", "give a size above zero, e.g. 1MB")
+    if not math.isfinite(nbytes) or int(round(nbytes)) < 1:
+        raise InputError(field, f"{text!r} is not a size of at least one byte", "give a size above zero, e.g. 1MB")
     return int(round(nbytes))
 
 

@@ -56,6 +56,7 @@ class SolveResult:
 
 
 _INF = highspy.kHighsInf
+_scheduler_threads: int | None = None  # thread count of HiGHS's process-wide pool, once set
 
 
 def solve(model: MipModel, opts: SolveOptions) -> SolveResult:
@@ -66,6 +67,11 @@ def solve(model: MipModel, opts: SolveOptions) -> SolveResult:
     if opts.mip_gap is not None:
         h.setOptionValue("mip_rel_gap", float(opts.mip_gap))
     if opts.threads is not None:
+        global _scheduler_threads
+        if _scheduler_threads not in (None, int(opts.threads)):
+            # HiGHS keeps one thread pool per process; a new size needs a fresh pool.
+            highspy.Highs.resetGlobalScheduler(True)
+        _scheduler_threads = int(opts.threads)
         h.setOptionValue("threads", int(opts.threads))
     if opts.first_feasible:
         h.setOptionValue("mip_max_improving_sols", 1)

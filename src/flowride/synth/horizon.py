@@ -108,11 +108,12 @@ class SearchResult:
     lower: int  # every horizon below this is proven (or bounded) infeasible
     timed_out: bool
     probes: list[Probe] = field(default_factory=list)
+    gave_up: bool = False  # the solver stopped on a probe for another reason than time
     solver_seconds: float = 0.0
 
     @property
     def proven_minimal(self) -> bool:
-        return not self.timed_out and self.lower >= self.T
+        return not self.timed_out and not self.gave_up and self.lower >= self.T
 
 
 def bisect_horizon(
@@ -160,8 +161,11 @@ def bisect_horizon(
             res.probes.append(Probe(mid, "infeasible", time.perf_counter() - ps, model.num_cols, model.num_rows))
             lo = mid + 1
         else:
-            res.probes.append(Probe(mid, "timeout", time.perf_counter() - ps, model.num_cols, model.num_rows))
-            res.timed_out = True
+            # out of time, or the solver gave up: keep the best schedule, unproven
+            outcome = "timeout" if out.status.startswith("timeout") else f"solver {out.raw_status}"
+            res.probes.append(Probe(mid, outcome, time.perf_counter() - ps, model.num_cols, model.num_rows))
+            res.timed_out = outcome == "timeout"
+            res.gave_up = not res.timed_out
             break
         if progress:
             progress({"stage": "probed", "T": mid, "outcome": res.probes[-1].outcome, "lo": lo, "hi": hi, "elapsed": time.perf_counter() - t0})

@@ -7,6 +7,7 @@ nothing: it forwards (and, when ``copy`` is set, replicates) a chunk in the epoc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -81,10 +82,10 @@ class Topology:
                     raise InputError(f"{where}.{end}", f"unknown node {v!r}", f"use a node id in 0..{n - 1}")
             if link.src == link.dst:
                 raise InputError(where, "is a self-loop", "remove it: a node needs no link to itself")
-            if not link.bandwidth_GBps > 0:
-                raise InputError(f"{where}.bandwidth_GBps", f"{link.bandwidth_GBps} is not positive", "give GB/s above zero")
-            if not link.alpha_s >= 0:
-                raise InputError(f"{where}.alpha", f"{link.alpha_s} is negative", "give a latency of zero or more")
+            if not (link.bandwidth_GBps > 0 and math.isfinite(link.bandwidth_GBps)):
+                raise InputError(f"{where}.bandwidth_GBps", f"{link.bandwidth_GBps} is not a positive finite number", "give GB/s above zero")
+            if not (link.alpha_s >= 0 and math.isfinite(link.alpha_s)):
+                raise InputError(f"{where}.alpha", f"{link.alpha_s} is negative or not finite", "give a latency of zero or more")
             if (link.src, link.dst) in seen:
                 raise InputError(where, "duplicates an earlier link", "merge them into one link with the summed bandwidth")
             seen.add((link.src, link.dst))
