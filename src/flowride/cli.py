@@ -202,6 +202,116 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
+def _train_config(a: argparse.Namespace, iters: int | None = None):
+    from flowride.pipeline.config import TrainConfig
+
+    return TrainConfig(
+        schedule=a.schedule.lower(), stages=a.stages, microbatches=a.microbatches, chunks=a.chunks,
+        model=a.model, iters=iters or a.iters, microbatch_size=a.microbatch_size, seed=a.seed, lr=a.lr,
+        data=a.data, run_dir=a.run_dir, bubble_port=getattr(a, "bubble_port", None),
+        profile=getattr(a, "bubble_profile", None), timeout_s=a.timeout, device=a.device, threads=a.threads,
+    )
+
+
+def _run_training(cfg):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flowride.pipeline.launch import TrainingFailed
+    from flowride.pipeline.trainer import check_profile, train
+
+    cfg.validate()  # bad input fails before any progress bar or process starts
+    check_profile(cfg)
+    with Progress(
+        TextColumn("[bold]train[/bold] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[secs]} s/iter"), TimeElapsedColumn(),
+        console=err, transient=False,
+    ) as prog:
+        task = prog.add_task(f"{cfg.schedule} p={cfg.stages} m={cfg.microbatches}", total=cfg.iters, loss="-", secs="-")
+
+        def on_progress(ev: dict) -> None:
+            prog.update(task, completed=ev["iteration"] + 1, loss=f"{ev['loss']:.4f}", secs=f"{ev['seconds']:.3f}")
+
+        try:
+            return train(cfg, on_progress)
+        except TrainingFailed as e:
+            raise _RunFailed(str(e)) from None
+
+
+class _RunFailed(Exception):
+    """A training rank failed: shown with its error, exit code 1."""
+
+
+def _bubble_table(rep: dict) -> Table:
+    t = Table(title=f"{rep['schedule']}: {rep['stages']} stages, {rep['microbatches']} micro-batches, {rep['model']} model")
+    for c in ("stage", "type", "per iter", "median ms", "min ms", "free memory"):
+        t.add_column(c, justify="right")
+    for b in rep["bubbles"]:
+        if b["type"] == "S":
+            continue
+        t.add_row(str(b["stage"]), b["type"], f"{b['count_per_iteration']:.0f}", f"{b['median_s'] * 1e3:.2f}",
+                  f"{b['min_s'] * 1e3:.2f}", f"{b['free_memory_bytes'] / 2**30:.1f} GiB")
+    return t
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    from flowride.pipeline.timeline import write_png, write_trace
+
+    cfg = _train_config(a)
+    res = _run_training(cfg)
+    rep = res.report()
+    if a.report:
+        Path(a.report).write_text(json.dumps(rep, indent=1) + "\n")
+    if a.timeline:
+        write_png(res.ranks, res.gaps, a.timeline, f"{cfg.schedule}, p={cfg.stages}, m={cfg.microbatches} (last iteration)")
+    if a.trace:
+        write_trace(res.ranks, res.gaps, a.trace)
+    console.print(_bubble_table(rep))
+    console.print(
+        f"iteration {rep['iteration_time_s'] * 1e3:.1f} ms (median after warm-up); loss {rep['losses'][0]:.4f} -> "
+        f"{rep['losses'][-1]:.4f}; bubble fraction measured {rep['bubble_fraction_measured']:.3f}, "
+        f"theory {rep['bubble_fraction_theory']:.3f}",
+        soft_wrap=True,
+    )
+    return 0
+
+
+def cmd_profile_bubbles(a: argparse.Namespace) -> int:
+    cfg = _train_config(a)
+    res = _run_training(cfg)
+    prof = res.profile()
+    Path(a.out).write_text(json.dumps(prof, indent=1) + "\n")
+    console.print(_bubble_table(res.report()))
+    console.print(f"bubble profile written to {a.out}")
+    return 0
+
+
+def cmd_schedule_show(a: argparse.Namespace) -> int:
+    from flowride.pipeline.schedules import build_schedule, render_grid, theoretical_bubble_fraction
+
+    name = a.schedule.lower()
+    instrs = build_schedule(name, a.stages, a.microbatches, a.chunks)
+    console.print(render_grid(instrs, a.stages, a.microbatches, a.chunks), highlight=False, soft_wrap=True)
+    console.print(f"theoretical bubble fraction: {theoretical_bubble_fraction(name, a.stages, a.microbatches, a.chunks):.4f}")
+    return 0
+
+
+def _train_args(p: argparse.ArgumentParser, iters: int) -> None:
+    p.add_argument("--stages", "-p", type=int, default=2, help="pipeline stages (one process each)")
+    p.add_argument("--microbatches", "-m", type=int, default=8)
+    p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b, interleaved or zbh1")
+    p.add_argument("--chunks", "-v", type=int, default=None, help="model chunks per stage (interleaved; default 2 there, else 1)")
+    p.add_argument("--model", default="tiny", help="tiny, small or medium")
+    p.add_argument("--iters", type=int, default=iters)
+    p.add_argument("--microbatch-size", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--data", help="a text file to train on (bytes as tokens); default: generated tokens")
+    p.add_argument("--run-dir", default="runs/train", help="where ranks write their logs and records")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds a rank may wait on a peer before the run fails")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="flowride", description="Collective schedule synthesis and pipeline-bubble harvesting.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -231,6 +341,27 @@ def build_parser() -> argparse.ArgumentParser:
     tp.add_argument("--out", "-o", help="write the topology JSON here")
     tp.set_defaults(func=cmd_topology)
 
+    tr = sub.add_parser("train", help="pipeline-parallel training that reports its bubbles")
+    _train_args(tr, 20)
+    tr.add_argument("--report", help="write the report JSON here")
+    tr.add_argument("--timeline", help="write a timeline PNG here")
+    tr.add_argument("--trace", help="write a Chrome trace JSON here")
+    tr.add_argument("--bubble-port", type=int, help="UDP port on 127.0.0.1 to publish bubble events to")
+    tr.add_argument("--bubble-profile", help="bubble profile JSON (from profile-bubbles) for predicted bubble ends")
+    tr.set_defaults(func=cmd_train)
+
+    pb = sub.add_parser("profile-bubbles", help="run a few iterations and write a bubble profile")
+    _train_args(pb, 6)
+    pb.add_argument("--out", "-o", default="bubble-profile.json")
+    pb.set_defaults(func=cmd_profile_bubbles)
+
+    ss = sub.add_parser("schedule-show", help="print a pipeline schedule's instructions as a grid")
+    ss.add_argument("schedule", help="gpipe, 1f1b, interleaved or zbh1")
+    ss.add_argument("--stages", "-p", type=int, default=4)
+    ss.add_argument("--microbatches", "-m", type=int, default=8)
+    ss.add_argument("--chunks", "-v", type=int, default=None)
+    ss.set_defaults(func=cmd_schedule_show)
+
     d = sub.add_parser("demo", help="a short showcase on built-in topologies")
     d.set_defaults(func=cmd_demo)
     return p
@@ -238,11 +369,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "chunks", 0) is None:  # pipeline commands: interleaving needs 2 chunks by default
+        args.chunks = 2 if str(args.schedule).lower() == "interleaved" else 1
     try:
         return int(args.func(args) or 0)
     except InputError as e:
         _say_error(str(e))
         return 2
+    except _RunFailed as e:
+        print(f"error: training failed: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130

@@ -1,0 +1,1 @@
+"""Pipeline-parallel training that knows its bubbles: model, schedules, stages, bubble events."""

@@ -1,0 +1,235 @@
+"""One pipeline stage: runs its instruction list every iteration over torch.distributed.
+
+Started the torchrun way (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment), so
+``flowride train`` can spawn local ranks and ``torchrun -m flowride.pipeline.worker cfg.json``
+runs the same code across machines. Activations and gradients move point to point (isend /
+recv, gloo on CPU, nccl on CUDA). Every instruction's start, compute start (after its receive)
+and end are recorded with a monotonic clock; at the start of every bubble the schedule implies,
+a bubble event goes out without blocking (see :mod:`flowride.pipeline.events`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from flowride.pipeline.config import TrainConfig
+from flowride.pipeline.data import TokenSource
+from flowride.pipeline.events import BubbleEvent, BubblePublisher, free_memory_bytes
+from flowride.pipeline.model import build_pieces, loss_fn, preset
+from flowride.pipeline.schedules import build_schedule, gap_types
+
+PUBLISHED_TYPES = ("A", "B", "C", "D")
+
+
+def _device(cfg: TrainConfig) -> torch.device:
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count()))
+    return torch.device("cpu")
+
+
+def _load_predictions(cfg: TrainConfig, rank: int) -> dict[str, float]:
+    """Median bubble length per type for this stage, from the profile (empty without one)."""
+    if not cfg.profile:
+        return {}
+    prof = json.loads(Path(cfg.profile).read_text())
+    return {b["type"]: float(b["median_s"]) for b in prof.get("bubbles", []) if b["stage"] == rank}
+
+
+class StageRunner:
+    """Holds this rank's model pieces, optimizer and schedule; ``iteration`` runs one step."""
+
+    def __init__(self, cfg: TrainConfig, rank: int, world: int) -> None:
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.dev = _device(cfg)
+        self.mcfg = preset(cfg.model)
+        self.P = cfg.stages * cfg.chunks
+        self.mine = [j for j in range(self.P) if j % cfg.stages == rank]
+        self.pieces = {j: piece.to(self.dev) for j, piece in build_pieces(self.mcfg, self.P, cfg.seed, self.mine).items()}
+        self.params = [p for j in self.mine for p in self.pieces[j].parameters()]
+        self.opt = torch.optim.Adam(self.params, lr=cfg.lr)
+        self.instrs = build_schedule(cfg.schedule, cfg.stages, cfg.microbatches, cfg.chunks)[rank]
+        self.has_w = any(i.kind == "W" for i in self.instrs)
+        self.gaps = gap_types(self.instrs)
+        self.data = TokenSource(self.mcfg.vocab_size, self.mcfg.seq_len, cfg.seed, cfg.data)
+        self.pub = BubblePublisher(cfg.bubble_port)
+        self.pred = _load_predictions(cfg, rank)
+        self.act_shape = (cfg.microbatch_size, self.mcfg.seq_len, self.mcfg.d_model)
+        self.local: dict[tuple, torch.Tensor] = {}  # same-rank hand-over (one stage)
+
+    # ------------------------------------------------------------------ communication
+    def _tag(self, kind: int, mb: int, j: int) -> int:
+        return (kind * self.cfg.microbatches + mb) * self.P + j
+
+    def _send(self, t: torch.Tensor, kind: int, mb: int, j: int, dst_chunk: int, pending: list) -> None:
+        dst = dst_chunk % self.cfg.stages
+        if dst == self.rank:
+            self.local[(kind, mb, j)] = t.detach().clone()
+        else:
+            pending.append(dist.isend(t.detach().contiguous(), dst, tag=self._tag(kind, mb, j)))
+
+    def _recv(self, kind: int, mb: int, j: int, src_chunk: int) -> torch.Tensor:
+        src = src_chunk % self.cfg.stages
+        if src == self.rank:
+            return self.local.pop((kind, mb, j))
+        buf = torch.empty(self.act_shape, device=self.dev)
+        dist.recv(buf, src, tag=self._tag(kind, mb, j))
+        return buf
+
+    # ------------------------------------------------------------------ one iteration
+    def make_batch(self, it: int) -> torch.Tensor:
+        return self.data.batch(it, self.cfg.microbatches, self.cfg.microbatch_size).to(self.dev)
+
+    def iteration(self, it: int, batch: torch.Tensor, free_mem: int) -> tuple[float | None, list[dict]]:
+        cfg = self.cfg
+        m = cfg.microbatches
+        inputs: dict[tuple[int, int], torch.Tensor] = {}
+        outputs: dict[tuple[int, int], torch.Tensor] = {}
+        grads: dict[tuple[int, int], torch.Tensor | None] = {}
+        pending: list = []
+        loss_sum = 0.0
+        recs: list[dict] = []
+        t_prev = time.monotonic()
+        for i, ins in enumerate(self.instrs):
+            self._announce(i, t_prev, it, free_mem)
+            t0 = time.monotonic()
+            mb, j = ins.mb, ins.chunk
+            if ins.kind == "F":
+                if j == 0:
+                    x = batch[mb, :, :-1]
+                else:
+                    x = self._recv(0, mb, j, j - 1).requires_grad_(True)
+                tc = time.monotonic()
+                y = self.pieces[j](x)
+                if j == self.P - 1:
+                    y = loss_fn(y, batch[mb, :, 1:]) / m
+                    loss_sum += float(y.detach())
+                else:
+                    self._send(y, 0, mb, j + 1, j + 1, pending)
+                inputs[(mb, j)], outputs[(mb, j)] = x, y
+            elif ins.kind == "B":
+                g = None if j == self.P - 1 else self._recv(1, mb, j, j + 1)
+                tc = time.monotonic()
+                x, y = inputs[(mb, j)], outputs[(mb, j)]
+                if self.has_w:  # input gradient now, weight gradient in W
+                    if j > 0:
+                        (dx,) = torch.autograd.grad(y, x, g, retain_graph=True)
+                        self._send(dx, 1, mb, j - 1, j - 1, pending)
+                    grads[(mb, j)] = g
+                else:
+                    torch.autograd.backward(y, g)
+                    if j > 0:
+                        self._send(x.grad, 1, mb, j - 1, j - 1, pending)
+                    del inputs[(mb, j)], outputs[(mb, j)]
+            else:  # W
+                tc = time.monotonic()
+                y = outputs.pop((mb, j))
+                torch.autograd.backward(y, grads.pop((mb, j)), inputs=list(self.pieces[j].parameters()))
+                inputs.pop((mb, j))
+            t1 = time.monotonic()
+            self._resume(i, it, free_mem)
+            recs.append({"kind": ins.kind, "mb": mb, "chunk": j, "start": t0, "compute": tc, "end": t1})
+            t_prev = t1
+        self._announce(len(self.instrs), t_prev, it, free_mem)
+        for w in pending:
+            w.wait()
+        t0 = time.monotonic()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        recs.append({"kind": "O", "mb": -1, "chunk": -1, "start": t0, "compute": t0, "end": time.monotonic()})
+        return (loss_sum if self.P - 1 in self.mine else None), recs
+
+    def _announce(self, gap: int, start: float, it: int, free_mem: int) -> None:
+        typ = self.gaps[gap]
+        if typ in PUBLISHED_TYPES:
+            pred = self.pred.get(typ)
+            self.pub.publish(BubbleEvent("bubble", self.rank, typ, start, None if pred is None else start + pred, free_mem, it))
+
+    def _resume(self, i: int, it: int, free_mem: int) -> None:
+        typ = self.gaps[i]
+        if typ in PUBLISHED_TYPES:
+            self.pub.publish(BubbleEvent("busy", self.rank, typ, time.monotonic(), None, free_mem, it))
+
+
+def run_rank(cfg: TrainConfig) -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != cfg.stages:
+        raise SystemExit(f"WORLD_SIZE={world} but the run has {cfg.stages} stages")
+    torch.set_num_threads(cfg.threads)
+    runner = StageRunner(cfg, rank, world)
+    backend = "nccl" if runner.dev.type == "cuda" else "gloo"
+    if runner.dev.type == "cuda":
+        torch.cuda.set_device(runner.dev)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
+    run_dir = Path(cfg.run_dir)
+    progress = run_dir / "progress.jsonl"
+    iters = []
+    try:
+        fault = os.environ.get("FLOWRIDE_INJECT_FAULT", "")  # "crash:ITER" / "hang:ITER", for failure tests
+        for it in range(cfg.iters):
+            if fault and int(fault.split(":")[1]) == it:
+                if fault.startswith("crash"):
+                    raise RuntimeError(f"injected crash on rank {rank} at iteration {it}")
+                time.sleep(10**6)
+            # data and the memory reading are ready before the iteration's clock starts
+            batch = runner.make_batch(it)
+            free_mem = free_memory_bytes(runner.dev.type)
+            dist.barrier()
+            t_start = time.monotonic()
+            loss, recs = runner.iteration(it, batch, free_mem)
+            iters.append({"iteration": it, "start": t_start, "loss": loss, "records": recs, "free_memory": free_mem})
+            if loss is not None:
+                with open(progress, "a") as f:
+                    f.write(json.dumps({"iteration": it, "loss": loss, "seconds": time.monotonic() - t_start}) + "\n")
+        dist.barrier()
+        t_last = time.monotonic()
+    finally:
+        runner.pub.close()
+    # the iteration ends when every stage is done: the next iteration's barrier exit
+    for k, rec in enumerate(iters):
+        rec["end"] = iters[k + 1]["start"] if k + 1 < len(iters) else t_last
+    peak = torch.cuda.max_memory_allocated() if runner.dev.type == "cuda" else None
+    out = {
+        "rank": rank,
+        "device": str(runner.dev),
+        "chunks": runner.mine,
+        "gap_types": runner.gaps,
+        "iterations": iters,
+        "published": {"sent": runner.pub.sent, "dropped": runner.pub.dropped, "seconds": runner.pub.seconds},
+        "peak_cuda_bytes": peak,
+    }
+    (run_dir / f"rank{rank}.json").write_text(json.dumps(out))
+    if cfg.save_params:
+        torch.save({j: runner.pieces[j].state_dict() for j in runner.mine}, run_dir / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m flowride.pipeline.worker CONFIG.json", file=sys.stderr)
+        return 2
+    cfg = TrainConfig.from_file(argv[0])
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        run_rank(cfg)
+    except BaseException as e:
+        # leave a timestamped error so the launcher can tell the first failure from its echoes
+        import traceback
+
+        rank = os.environ.get("RANK", "?")
+        err = {"time": time.time(), "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        (Path(cfg.run_dir) / f"rank{rank}.error").write_text(json.dumps(err))
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
