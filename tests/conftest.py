@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 settings.register_profile(
     "ci",
     deadline=None,
-    max_examples=20,
+    max_examples=25,
     derandomize=True,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],

@@ -145,7 +145,8 @@ def test_link_hop_delay(a, b):
     assert link_hop_delay(False, False, a, b) == 1 + a + b  # GPU -> GPU
     assert link_hop_delay(False, True, a, b) == 1 + a + b  # GPU -> switch
     assert link_hop_delay(True, True, a, b) == 1 + a + b  # switch -> switch
-    assert link_hop_delay(True, False, a, b) == a  # switch -> GPU: cut-through
+    assert link_hop_delay(True, False, a, b) == a + b  # switch -> GPU: cut-through, own beta
+    assert link_hop_delay(True, False, a, b, teccl_compat=True) == a  # published model: alpha only
 
 
 def test_hop_delay_on_a_switch_topology():
@@ -158,10 +159,10 @@ def test_hop_delay_on_a_switch_topology():
             assert tm.hop_delay[li] == 3
             assert tm.dst_is_switch[li] and not tm.src_is_switch[li]
             assert tm.arrival(li, 4) == 7
-        else:  # switch -> GPU
-            assert tm.hop_delay[li] == 1
+        else:  # switch -> GPU: a + b
+            assert tm.hop_delay[li] == 2
             assert tm.src_is_switch[li] and not tm.dst_is_switch[li]
-            assert tm.arrival(li, 4) == 5
+            assert tm.arrival(li, 4) == 6
 
 
 def test_hop_delay_switch_to_switch():
@@ -174,7 +175,7 @@ def test_hop_delay_switch_to_switch():
     )
     t = Topology("chain", nodes, links)
     tm = epoch_timing(t, 1e6, 1e-5)  # b = 1, a = 0 (0.07)
-    assert list(tm.hop_delay) == [2, 2, 0, 2]
+    assert list(tm.hop_delay) == [2, 2, 1, 2]
 
 
 def test_compat_hop_delays_from_gpu0_switch():
@@ -224,15 +225,16 @@ def test_parse_size_rejects(text):
     assert ei.value.field == "--size"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: parse_size checks positivity before rounding, so sizes under half a byte "
-    "('0.3', 0.4) come back as 0 bytes instead of raising InputError",
-)
-@pytest.mark.parametrize("text", ["0.3", 0.4])
-def test_parse_size_rejects_sub_byte(text):
-    with pytest.raises(InputError):
+@pytest.mark.parametrize("text", ["0.3", 0.4, "0.4B", "inf", 1e400])
+def test_parse_size_rejects_under_a_byte_and_infinite(text):
+    with pytest.raises(InputError) as ei:
         parse_size(text)
+    assert ei.value.field == "size"
+
+
+def test_parse_size_rounds_to_whole_bytes():
+    assert parse_size("0.6") == 1
+    assert parse_size("1.5KiB") == 1536
 
 
 @pytest.mark.parametrize("n,text", [(1000, "1KB"), (16_000_000, "16MB"), (10**9, "1GB"), (1500, "1.5KB"), (512, "512B")])

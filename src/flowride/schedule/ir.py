@@ -81,6 +81,15 @@ class Schedule:
         for key in ("collective", "size_bytes", "chunks", "epoch_duration_s", "topology", "sends"):
             if key not in data:
                 raise InputError(key, "is missing from the schedule", "regenerate it with flowride synth")
+        for key in ("size_bytes", "chunks"):
+            v = data[key]
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(key, f"{v!r} is not a positive integer", "regenerate the schedule with flowride synth")
+        if not isinstance(data["sends"], list):
+            raise InputError("sends", f"is a {type(data['sends']).__name__}, not a list", "give a list of [epoch, link, source, chunk]")
+        meta = data.get("meta") or {}
+        if not isinstance(meta, dict):
+            raise InputError("meta", f"is a {type(meta).__name__}, not an object", "give an object or leave it out")
         sends = []
         for i, s in enumerate(data["sends"]):
             if not (isinstance(s, list) and len(s) == 4 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)):
@@ -92,11 +101,11 @@ class Schedule:
         return cls(
             topology_from_dict(data["topology"]),
             Collective.parse(data["collective"]),
-            int(data["size_bytes"]),
-            int(data["chunks"]),
+            data["size_bytes"],
+            data["chunks"],
             float(tau),
             sends,
-            dict(data.get("meta") or {}),
+            dict(meta),
         )
 
     def save(self, path: str | Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from flowride.schedule.ir import Schedule, Send
+from flowride.schedule.ir import Schedule
 from flowride.schedule.simulate import simulate
 
 
@@ -20,24 +20,26 @@ def prune_redundant(schedule: Schedule) -> Schedule:
         return schedule
     topo, timing = schedule.topology, schedule.timing
     nodes, links = topo.nodes, topo.links
-    first_into_gpu: dict[tuple[int, int, int], Send] = {}
-    into_switch: dict[tuple[int, int, int, int], list[Send]] = defaultdict(list)
-    for s in schedule.sends:
+    sends = schedule.sends
+    first_into_gpu: dict[tuple[int, int, int], int] = {}  # (source, chunk, gpu) -> send index
+    into_switch: dict[tuple[int, int, int, int], list[int]] = defaultdict(list)
+    for i, s in enumerate(sends):
         v = links[s.link].dst
         t = timing.arrival(s.link, s.epoch)
         if nodes[v].is_gpu:
             if sim.holds.get((s.source, s.chunk, v)) == t:
-                first_into_gpu.setdefault((s.source, s.chunk, v), s)
+                first_into_gpu.setdefault((s.source, s.chunk, v), i)
         else:
-            into_switch[(s.source, s.chunk, v, t)].append(s)
-    keep: set[Send] = set()
+            into_switch[(s.source, s.chunk, v, t)].append(i)
+    keep: set[int] = set()
     out_count: dict[tuple[int, int, int, int], int] = defaultdict(int)
     stack = [first_into_gpu[(q.source, q.chunk, d)] for q in schedule.demand.commodities for d in q.dests]
     while stack:
-        s = stack.pop()
-        if s in keep:
+        i = stack.pop()
+        if i in keep:
             continue
-        keep.add(s)
+        keep.add(i)
+        s = sends[i]
         u = links[s.link].src
         if nodes[u].is_gpu:
             if u != s.source:
@@ -47,5 +49,5 @@ def prune_redundant(schedule: Schedule) -> Schedule:
             out_count[key] += 1
             need = 1 if nodes[u].copy else out_count[key]
             stack.extend(into_switch[key][:need])
-    sends = [s for s in schedule.sends if s in keep]
-    return Schedule(schedule.topology, schedule.collective, schedule.size_bytes, schedule.chunks, schedule.tau, sends, dict(schedule.meta))
+    kept = [s for i, s in enumerate(sends) if i in keep]
+    return Schedule(schedule.topology, schedule.collective, schedule.size_bytes, schedule.chunks, schedule.tau, kept, dict(schedule.meta))

@@ -52,6 +52,14 @@ def simulate(schedule: Schedule, max_violations: int = 50) -> SimResult:
         sender_is_switch = lk is not None and not nodes[links[lk].src].is_gpu
         return (s.epoch, 0 if sender_is_switch else 1)
 
+    # When each GPU would eventually hold each chunk, for messages that do not depend on order.
+    eventual: dict[tuple[int, int, int], int] = {}
+    for s in schedule.sends:
+        if 0 <= s.link < len(links) and nodes[links[s.link].dst].is_gpu:
+            key3 = (s.source, s.chunk, links[s.link].dst)
+            t = timing.arrival(s.link, s.epoch)
+            eventual[key3] = min(t, eventual.get(key3, t))
+
     for s in sorted(schedule.sends, key=order):
         where = f"send (epoch {s.epoch}, link {s.link}, source {s.source}, chunk {s.chunk})"
         if not 0 <= s.link < len(links):
@@ -68,6 +76,7 @@ def simulate(schedule: Schedule, max_violations: int = 50) -> SimResult:
         if nodes[u].is_gpu:
             h = 0 if u == s.source else hold.get((s.source, s.chunk, u))
             if h is None or h > s.epoch:
+                h = h if h is not None else eventual.get((s.source, s.chunk, u))
                 when = "never" if h is None else f"only from epoch {h}"
                 bad(f"{where}: GPU {u} sends chunk ({s.source},{s.chunk}) it holds {when}")
                 continue

@@ -53,7 +53,8 @@ def _last_entry_epoch(links: list[int], releases: list[int], timing: EpochTiming
 
 def cut_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray, inside: set[int]) -> int:
     """Epochs needed to bring every chunk that must enter ``inside`` across its boundary, plus the
-    epochs the last one then needs to reach every GPU inside that wants it."""
+    epochs the last one then needs to reach every GPU inside that wants it (from the entry point
+    nearest to each)."""
     into = [i for i, lk in enumerate(topo.links) if lk.dst in inside and lk.src not in inside]
     if not into:
         return 0
@@ -69,12 +70,15 @@ def cut_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray
         if not ds:
             continue
         rho = int((D[q.source, tails] + delays).min())
+        # after its first entry a chunk still has to reach every destination inside, from the
+        # nearest entry point (copies may cross several boundary links)
+        to_dest = D[np.ix_(heads, ds)].min(axis=0)
         if demand.collective is Collective.ALLGATHER:
-            releases.append(rho)  # one copy enters, copies are made inside
-            need = min(int(D[h, ds].max()) for h in heads)
+            releases.append(rho)  # one copy must enter; more may, through other links
+            need = int(to_dest.max())
         else:
             releases.extend([rho] * len(ds))
-            need = min(int(D[h, ds].min()) for h in heads)
+            need = int(to_dest.min())
         spread = need if spread is None else min(spread, need)
     if not releases:
         return 0

@@ -82,7 +82,7 @@ class _Builder:
 
 
 def _positive(value: int, field: str, minimum: int = 1) -> int:
-    if not isinstance(value, int) or value < minimum:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise InputError(field, f"{value!r} is not an integer >= {minimum}", f"give {field} >= {minimum}")
     return value
 
@@ -97,8 +97,8 @@ def ndv2(chassis: int = 2, teccl_compat: bool = False) -> Topology:
     """Azure NDv2: DGX-1 chassis. 2 chassis: 0->9 and 8->1 InfiniBand links; >=3: one NIC switch.
 
     ``teccl_compat`` reproduces the published TE-CCL model for >= 2 chassis: global GPU 0 is a
-    bufferless copy-capable switch with no demand of its own, while the buffer is still split 16
-    (8 x chassis) ways.
+    bufferless copy-capable switch with no demand of its own, the buffer is still split 16
+    (8 x chassis) ways, and a switch -> GPU hop costs only its alpha.
     """
     chassis = _positive(chassis, "chassis")
     b = _Builder()
@@ -125,6 +125,7 @@ def ndv2(chassis: int = 2, teccl_compat: bool = False) -> Topology:
     if teccl_compat and chassis >= 2:
         name += "-teccl-compat"
         kw["nominal_gpus"] = 8 * chassis
+        kw["teccl_compat"] = True
     desc = f"{chassis} x NDv2 (DGX-1) chassis"
     return b.build(name, description=desc, params={"chassis": chassis, "teccl_compat": teccl_compat}, **kw)
 

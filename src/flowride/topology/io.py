@@ -39,6 +39,7 @@ def topology_to_dict(topo: Topology) -> dict[str, Any]:
         "name": topo.name,
         "description": topo.description,
         "nominal_gpus": topo.nominal_gpus,
+        "teccl_compat": topo.teccl_compat,
         "nodes": nodes,
         "links": links,
     }
@@ -99,6 +100,7 @@ def topology_from_dict(data: Any) -> Topology:
         links=tuple(links),
         nominal_gpus=_field(data, "nominal_gpus", "topology", (int, type(None)), None),
         description=_field(data, "description", "topology", str, ""),
+        teccl_compat=_field(data, "teccl_compat", "topology", bool, False),
     )
 
 

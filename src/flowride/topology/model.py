@@ -55,6 +55,8 @@ class Topology:
     # TE-CCL compat NDv2 variant keeps 16 although one GPU is modelled as a switch.
     nominal_gpus: int | None = None
     description: str = ""
+    # Reproduce the published TE-CCL model's quirk: a switch -> GPU hop costs only its alpha.
+    teccl_compat: bool = False
     params: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:

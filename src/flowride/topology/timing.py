@@ -9,8 +9,9 @@ This is the physics both the formulation (``flowride.synth``) and the simulator
   any b+1 consecutive epochs;
 - alpha: ``a = ceil(alpha/tau)`` whole epochs, taken as 0 when alpha/tau <= 0.1;
 - a chunk sent into a GPU or a switch in epoch k arrives at the start of epoch k + 1 + a + b;
-  a switch forwards it in that very epoch, and a switch -> GPU hop adds only its ``a``
+  a switch forwards it in that very epoch, and a switch -> GPU hop adds its ``a + b``
   (cut-through: one transmission per GPU -> switch -> GPU transfer, its capacity still counted).
+  The TE-CCL compat topologies charge that hop only ``a``, as the published model does.
 """
 
 from __future__ import annotations
@@ -56,10 +57,14 @@ class EpochTiming:
         return epoch + int(self.hop_delay[link])
 
 
-def link_hop_delay(src_switch: bool, dst_switch: bool, a: int, b: int) -> int:
-    """Epochs between a send and its arrival: 1 + a + b into anything, only a out of a switch into a GPU."""
+def link_hop_delay(src_switch: bool, dst_switch: bool, a: int, b: int, teccl_compat: bool = False) -> int:
+    """Epochs between a send and its arrival: 1 + a + b into a GPU or a switch. Out of a switch
+    into a GPU the transfer is already under way (cut-through), so it adds a + b: its latency, and
+    the extra epochs a chunk needs on that link when it is slower than one chunk per epoch. The
+    published TE-CCL model charges only a there (``teccl_compat``), which lets a chunk cross a slow
+    switch -> GPU link faster than its bandwidth allows."""
     if src_switch and not dst_switch:
-        return a
+        return a if teccl_compat else a + b
     return 1 + a + b
 
 
@@ -109,5 +114,5 @@ def epoch_timing(topo: Topology, chunk_bytes: float, epoch: str | float = "fast"
         win[i] = _floor((b[i] + 1) * cap[i])
         src_sw[i] = not topo.nodes[lk.src].is_gpu
         dst_sw[i] = not topo.nodes[lk.dst].is_gpu
-        delay[i] = link_hop_delay(bool(src_sw[i]), bool(dst_sw[i]), int(a[i]), int(b[i]))
+        delay[i] = link_hop_delay(bool(src_sw[i]), bool(dst_sw[i]), int(a[i]), int(b[i]), topo.teccl_compat)
     return EpochTiming(tau, float(chunk_bytes), requested, cap, a, b, win, delay, src_sw, dst_sw)
