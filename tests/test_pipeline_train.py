@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from flowride.errors import InputError
 from flowride.pipeline.config import TrainConfig
 from flowride.pipeline.data import TokenSource
 from flowride.pipeline.events import BubbleSubscriber
@@ -200,3 +201,28 @@ def test_cli_train_bad_input(args, needle):
     assert p.returncode == 2, (p.stdout, p.stderr)
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr
+
+
+def test_trains_on_a_text_file(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    cfg = TrainConfig(schedule="1f1b", stages=2, microbatches=2, model="tiny", iters=8, lr=3e-3,
+                      data=str(corpus), run_dir=str(tmp_path / "run"))
+    losses = train(cfg).report()["losses"]
+    assert losses[-1] < losses[0] - 0.5  # a repetitive text is learnt quickly
+    with pytest.raises(InputError, match="--data"):  # refused before any rank starts
+        train(TrainConfig(data=str(tmp_path / "missing.txt"), run_dir=str(tmp_path / "x"), iters=1))
+
+
+def test_the_worker_runs_under_torchrun(tmp_path):
+    """The same worker, started by torchrun instead of flowride's launcher."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = TrainConfig(schedule="gpipe", stages=2, microbatches=2, model="tiny", iters=2, run_dir=str(run_dir))
+    (run_dir / "config.json").write_text(cfg.to_json())
+    torchrun = Path(sys.executable).with_name("torchrun")
+    p = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "flowride.pipeline.worker",
+                        str(run_dir / "config.json")], capture_output=True, text=True, timeout=150)
+    assert p.returncode == 0, p.stderr[-2000:]
+    recs = [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(2)]
+    assert len(recs[1]["iterations"]) == 2 and recs[1]["iterations"][0]["loss"] > 0

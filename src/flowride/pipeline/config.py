@@ -50,4 +50,9 @@ class TrainConfig:
         if not self.lr > 0:
             raise InputError("--lr", f"{self.lr} is not positive", "give a learning rate above zero")
         build_schedule(self.schedule, self.stages, self.microbatches, self.chunks)
-        split_layers(preset(self.model), self.stages * self.chunks)
+        mcfg = preset(self.model)
+        split_layers(mcfg, self.stages * self.chunks)
+        if self.data:
+            from flowride.pipeline.data import TokenSource
+
+            TokenSource(mcfg.vocab_size, mcfg.seq_len, self.seed, self.data)  # readable, long enough
