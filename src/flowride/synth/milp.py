@@ -98,6 +98,10 @@ def _lookup_array(keys: tuple[np.ndarray, ...], lookup: dict[tuple[int, int, int
     return np.array([lookup.get(k, -1) for k in zip(*(a.tolist() for a in keys), strict=True)], dtype=np.int64)
 
 
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
 def build_index(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: np.ndarray | None = None) -> FlowIndex:
     """Enumerate the variables of the probe at horizon T, leaving out those that cannot matter."""
     if D is None:
@@ -119,9 +123,7 @@ def build_index(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: 
             fq.append(np.full(len(k), qi))
             fl.append(np.full(len(k), li))
             fk.append(k)
-    f_q = np.concatenate(fq) if fq else np.zeros(0, dtype=np.int64)
-    f_l = np.concatenate(fl) if fl else np.zeros(0, dtype=np.int64)
-    f_k = np.concatenate(fk) if fk else np.zeros(0, dtype=np.int64)
+    f_q, f_l, f_k = _cat(fq), _cat(fl), _cat(fk)
 
     # Buffers: a GPU g (not the source) may hold q from its earliest arrival to T, where it sends
     # or where it is a destination.
@@ -141,9 +143,7 @@ def build_index(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: 
             hq.append(np.full(len(t), qi))
             hg.append(np.full(len(t), g))
             ht.append(t)
-    h_q = np.concatenate(hq) if hq else np.zeros(0, dtype=np.int64)
-    h_g = np.concatenate(hg) if hg else np.zeros(0, dtype=np.int64)
-    h_t = np.concatenate(ht) if ht else np.zeros(0, dtype=np.int64)
+    h_q, h_g, h_t = _cat(hq), _cat(hg), _cat(ht)
 
     # Copy switches: one "has it to forward" variable per (q, switch, epoch) that has out-sends.
     copy_sw = np.array([not topo.nodes[v].is_gpu and topo.nodes[v].copy for v in range(topo.num_nodes)])

@@ -77,6 +77,13 @@ class _Builder:
         self.link(a, b, gbps, alpha)
         self.link(b, a, gbps, alpha)
 
+    @classmethod
+    def with_gpus(cls, n: int) -> _Builder:
+        b = cls()
+        for _ in range(n):
+            b.gpu()
+        return b
+
     def build(self, name: str, **kw) -> Topology:
         return Topology(name, tuple(self.nodes), tuple(self.links), **kw)
 
@@ -186,9 +193,7 @@ def mi250(chassis: int = 1) -> Topology:
 def ring(n: int = 8, bandwidth: float = 50.0, alpha_us: float = 0.7, bidirectional: bool = True) -> Topology:
     """n GPUs on a ring (both directions unless ``bidirectional`` is false)."""
     n = _positive(n, "n", 2)
-    b = _Builder()
-    for _ in range(n):
-        b.gpu()
+    b = _Builder.with_gpus(n)
     pairs = {(i, (i + 1) % n) for i in range(n)}
     if bidirectional:
         pairs |= {((i + 1) % n, i) for i in range(n)}
@@ -201,9 +206,7 @@ def _grid(name: str, rows: int, cols: int, wrap: bool, bandwidth: float, alpha_u
     rows, cols = _positive(rows, "rows"), _positive(cols, "cols")
     if rows * cols < 2:
         raise InputError("rows x cols", "gives fewer than 2 GPUs", "use at least 2 GPUs")
-    b = _Builder()
-    for _ in range(rows * cols):
-        b.gpu()
+    b = _Builder.with_gpus(rows * cols)
     pairs: set[tuple[int, int]] = set()
     for r in range(rows):
         for c in range(cols):
@@ -239,9 +242,7 @@ def torus(rows: int = 4, cols: int = 4, bandwidth: float = 50.0, alpha_us: float
 def full(n: int = 8, bandwidth: float = 50.0, alpha_us: float = 0.7) -> Topology:
     """n GPUs with a direct link between every ordered pair."""
     n = _positive(n, "n", 2)
-    b = _Builder()
-    for _ in range(n):
-        b.gpu()
+    b = _Builder.with_gpus(n)
     for i in range(n):
         for j in range(n):
             if i != j:
@@ -252,9 +253,7 @@ def full(n: int = 8, bandwidth: float = 50.0, alpha_us: float = 0.7) -> Topology
 def switch(n: int = 8, bandwidth: float = 50.0, alpha_us: float = 0.7, copy: bool = False) -> Topology:
     """n GPUs on one switch, a link each way per GPU (``copy``: the switch may multicast)."""
     n = _positive(n, "n", 2)
-    b = _Builder()
-    for _ in range(n):
-        b.gpu()
+    b = _Builder.with_gpus(n)
     sw = b.switch(copy=copy)
     for i in range(n):
         b.both(i, sw, bandwidth, alpha_us * US)
