@@ -257,21 +257,148 @@ def cmd_train(a: argparse.Namespace) -> int:
     from flowride.pipeline.timeline import write_png, write_trace
 
     cfg = _train_config(a)
-    res = _run_training(cfg)
-    rep = res.report()
+    tasks = [t.strip() for t in (a.side_tasks or "").split(",") if t.strip()]
+    mode = a.harvest.lower()
+    side_steps: list[dict] = []
+    if tasks and mode != "none":
+        res, rep, side_steps = _train_harvesting(a, cfg, tasks, mode)
+    else:
+        res = _run_training(cfg)
+        rep = res.report()
+        rep["harvest_mode"] = "none"
     if a.report:
         Path(a.report).write_text(json.dumps(rep, indent=1) + "\n")
     if a.timeline:
-        write_png(res.ranks, res.gaps, a.timeline, f"{cfg.schedule}, p={cfg.stages}, m={cfg.microbatches} (last iteration)")
+        write_png(res.ranks, res.gaps, a.timeline, f"{cfg.schedule}, p={cfg.stages}, m={cfg.microbatches} (last iteration)", side_steps=side_steps)
     if a.trace:
-        write_trace(res.ranks, res.gaps, a.trace)
+        write_trace(res.ranks, res.gaps, a.trace, side_steps=side_steps)
     console.print(_bubble_table(rep))
+    if rep.get("harvest_mode", "none") != "none":
+        console.print(_harvest_table(rep))
     console.print(
         f"iteration {rep['iteration_time_s'] * 1e3:.1f} ms (median after warm-up); loss {rep['losses'][0]:.4f} -> "
         f"{rep['losses'][-1]:.4f}; bubble fraction measured {rep['bubble_fraction_measured']:.3f}, "
         f"theory {rep['bubble_fraction_theory']:.3f}",
         soft_wrap=True,
     )
+    return 0
+
+
+def _train_harvesting(a: argparse.Namespace, cfg, tasks: list[str], mode: str):
+    """A `none` baseline (or a given baseline report), then the same training with side tasks."""
+    from dataclasses import replace
+
+    from flowride.harvest.session import HARVEST_MODES, harvest_report, profiles_for, run_harvest
+
+    if mode not in HARVEST_MODES:
+        raise InputError("--harvest", f"unknown mode {mode!r}", f"choose one of {', '.join(HARVEST_MODES)}")
+    from flowride.harvest.task import resolve
+
+    for t in tasks:
+        resolve(t)
+    cfg.validate()
+    run_dir = Path(cfg.run_dir)
+    with err.status("profiling side tasks alone (dedicated throughput, step time, memory)"):
+        profiles = profiles_for(tasks, run_dir.parent / "task-profiles.json")
+    prof_path = run_dir / "bubble-profile.json"
+    if a.baseline_report:
+        try:
+            base_rep = json.loads(Path(a.baseline_report).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise InputError("--baseline-report", f"cannot read it: {e}", "give a report written by flowride train") from None
+        for key in ("iteration_times_s", "iteration_time_s", "losses", "bubble_seconds_total"):
+            if key not in base_rep:
+                raise InputError("--baseline-report", f"has no {key!r}", "give a report written by flowride train")
+        prof_path = Path(a.bubble_profile) if a.bubble_profile else None
+    else:
+        err.print("baseline: the same training without side tasks")
+        base = _run_training(replace(cfg, run_dir=str(run_dir / "baseline"), pin_cores=True, bubble_port=None))
+        base_rep = base.report()
+        prof_path.parent.mkdir(parents=True, exist_ok=True)
+        prof_path.write_text(json.dumps(base.profile()))
+    err.print(f"harvesting: {mode} with {', '.join(tasks)}")
+    res, record = _run_harvest_progress(cfg, mode, tasks, profiles, str(prof_path) if prof_path else None, run_harvest)
+    rep = res.report()
+    rep.update(harvest_report(base_rep, rep, record, mode, profiles, a.price_ref, a.price_main))
+    return res, rep, record.get("steps", [])
+
+
+def _run_harvest_progress(cfg, mode, tasks, profiles, prof_path, run_harvest):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flowride.pipeline.launch import TrainingFailed
+
+    with Progress(TextColumn("[bold]train+harvest[/bold] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=err) as prog:
+        task = prog.add_task(f"{mode}", total=cfg.iters, loss="-")
+        try:
+            return run_harvest(cfg, mode, tasks, profiles,
+                               lambda ev: prog.update(task, completed=ev["iteration"] + 1, loss=f"{ev['loss']:.4f}"),
+                               bubble_profile=prof_path)
+        except TrainingFailed as e:
+            raise _RunFailed(str(e)) from None
+
+
+def _harvest_table(rep: dict) -> Table:
+    t = Table(title=f"harvest ({rep['harvest_mode']}): overhead {rep['overhead_pct']:+.2f}%, "
+                    f"efficiency {rep['harvest_efficiency']:.2f}, savings {rep['cost']['savings']:+.4f}")
+    for c in ("task", "steps", "units", "units/s", "dedicated units/s", "overruns"):
+        t.add_column(c, justify="right")
+    for tid, d in rep["side_work"].items():
+        t.add_row(f"{tid}:{d['name']}", str(d["steps"]), f"{d['units']:.0f} {d['unit']}", f"{d['throughput']:.1f}",
+                  f"{d['dedicated_throughput']:.1f}", str(d["overruns"]))
+    for f in rep["failures"]:
+        t.add_row(f"{f['task']}:{f['name']}", "FAILED", f["reason"][:60], "", "", "")
+    return t
+
+
+def cmd_profile_task(a: argparse.Namespace) -> int:
+    from flowride.harvest.profile import profile_task
+
+    params = _json_arg(a.params, "--params")
+    prof = profile_task(a.task, params, a.steps, a.seconds)
+    if a.out:
+        Path(a.out).write_text(json.dumps(prof, indent=1) + "\n")
+    console.print_json(json.dumps(prof))
+    return 0
+
+
+def _json_arg(text: str | None, field: str) -> dict:
+    if not text:
+        return {}
+    try:
+        v = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(field, f"is not JSON ({e.msg})", 'write e.g. \'{"n": 1000}\'') from None
+    if not isinstance(v, dict):
+        raise InputError(field, "is not a JSON object", 'write e.g. \'{"n": 1000}\'')
+    return v
+
+
+def cmd_tasks(a: argparse.Namespace) -> int:
+    from flowride.harvest.store import TaskStore
+    from flowride.harvest.task import resolve
+
+    store = TaskStore.in_run_dir(a.run_dir)
+    try:
+        if a.action == "submit":
+            resolve(a.task)
+            tid = store.submit(a.task, _json_arg(a.params, "--params"), a.priority, a.memory_mb)
+            console.print(f"submitted task {tid} ({a.task})")
+        elif a.action == "list":
+            t = Table(title=f"side tasks in {a.run_dir}")
+            for c in ("id", "task", "state", "stage", "steps", "units", "reason"):
+                t.add_column(c)
+            for r in store.list():
+                t.add_row(str(r.id), r.name, str(r.state), "" if r.stage is None else str(r.stage), str(r.steps), f"{r.units:g}", r.reason or "")
+            console.print(t)
+        elif a.action == "show":
+            console.print_json(json.dumps(store.get(a.id).to_dict()))
+        elif a.action == "cancel":
+            r = store.request_cancel(a.id)
+            console.print(f"task {r.id}: cancel requested (state {r.state})")
+    finally:
+        store.close()
     return 0
 
 
@@ -348,7 +475,35 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--trace", help="write a Chrome trace JSON here")
     tr.add_argument("--bubble-port", type=int, help="UDP port on 127.0.0.1 to publish bubble events to")
     tr.add_argument("--bubble-profile", help="bubble profile JSON (from profile-bubbles) for predicted bubble ends")
+    tr.add_argument("--side-tasks", help="comma-separated side tasks to run in the bubbles (e.g. pagerank,cnn,image)")
+    tr.add_argument("--harvest", default="freeride", help="none, freeride, naive or priority (with --side-tasks)")
+    tr.add_argument("--baseline-report", help="a none-mode train report to measure overhead against (else one is run first)")
+    tr.add_argument("--price-main", type=float, default=None, help="training job price per hour (default: stages x 1)")
+    tr.add_argument("--price-ref", type=float, default=1.0, help="reference device price per hour (default 1)")
     tr.set_defaults(func=cmd_train)
+
+    pt = sub.add_parser("profile-task", help="run a side task alone: step time, throughput, peak memory")
+    pt.add_argument("task")
+    pt.add_argument("--params", help="task parameters as a JSON object")
+    pt.add_argument("--steps", type=int, default=30)
+    pt.add_argument("--seconds", type=float, default=5.0)
+    pt.add_argument("--out", "-o")
+    pt.set_defaults(func=cmd_profile_task)
+
+    tk = sub.add_parser("tasks", help="side tasks in a run's durable store (works while training runs)")
+    tsub = tk.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    ts = tsub.add_parser("submit")
+    ts.add_argument("task")
+    ts.add_argument("--params")
+    ts.add_argument("--priority", type=int, default=0)
+    ts.add_argument("--memory-mb", type=int)
+    tsub.add_parser("list")
+    for name in ("show", "cancel"):
+        tx = tsub.add_parser(name)
+        tx.add_argument("id", type=int)
+    for sp in tsub.choices.values():
+        sp.add_argument("--run-dir", default="runs/train", help="the training run's directory")
+    tk.set_defaults(func=cmd_tasks)
 
     pb = sub.add_parser("profile-bubbles", help="run a few iterations and write a bubble profile")
     _train_args(pb, 6)

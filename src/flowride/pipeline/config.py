@@ -29,6 +29,7 @@ class TrainConfig:
     threads: int = 1  # torch threads per rank
     save_params: bool = False
     warmup_iters: int = 2  # iterations left out of medians
+    pin_cores: bool = False  # pin stage r to core r (mod cores); side tasks of stage r share it
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

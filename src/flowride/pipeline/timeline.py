@@ -19,7 +19,10 @@ def _iteration(ranks: list[dict], gaps: list[Gap], it: int | None) -> tuple[int,
     return idx, start, end
 
 
-def write_png(ranks: list[dict], gaps: list[Gap], path: str | Path, title: str, iteration: int | None = None) -> None:
+def write_png(ranks: list[dict], gaps: list[Gap], path: str | Path, title: str, iteration: int | None = None,
+              side_steps: list[dict] | None = None) -> None:
+    """One row per stage: compute coloured by kind, bubbles hatched and typed, and side-task
+    steps (``side_steps``: dicts with stage, t0, t1, name) as green bars inside the bubbles."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -44,6 +47,11 @@ def write_png(ranks: list[dict], gaps: list[Gap], path: str | Path, title: str, 
         ax.broken_barh([(a, b - a)], (g.stage - 0.4, 0.8), facecolors="none", edgecolor="#C44E52", hatch="///", linewidth=0.5)
         if g.type != "S" and (b - a) > span * MIN_LABELLED:
             ax.text((a + b) / 2, g.stage + 0.25, g.type, ha="center", va="center", fontsize=8, color="#C44E52", weight="bold")
+    for st in side_steps or []:
+        a, b = (st["t0"] - t0) * 1e3, (st["t1"] - t0) * 1e3
+        if b < 0 or a > span:
+            continue
+        ax.broken_barh([(a, b - a)], (st["stage"] - 0.15, 0.3), facecolors="#2CA02C", edgecolor="none")
     ax.set_yticks(range(p))
     ax.set_yticklabels([f"stage {r}" for r in range(p)])
     ax.invert_yaxis()
@@ -51,14 +59,17 @@ def write_png(ranks: list[dict], gaps: list[Gap], path: str | Path, title: str, 
     ax.set_title(title)
     handles = [Patch(facecolor=c, label={"F": "forward", "B": "backward", "W": "weight grad", "O": "optimizer"}[k]) for k, c in COLORS.items()]
     handles.append(Patch(facecolor="none", edgecolor="#C44E52", hatch="///", label="bubble (A/B/C/D)"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, fontsize=8, frameon=False)
+    if side_steps:
+        handles.append(Patch(facecolor="#2CA02C", label="side-task step"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=6, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def write_trace(ranks: list[dict], gaps: list[Gap], path: str | Path) -> None:
-    """Chrome trace events: compute spans per stage (thread), bubbles as their own category."""
+def write_trace(ranks: list[dict], gaps: list[Gap], path: str | Path, side_steps: list[dict] | None = None) -> None:
+    """Chrome trace events: compute spans per stage (thread), bubbles and side-task steps as
+    their own processes, one thread per stage."""
     t0 = min(r["iterations"][0]["start"] for r in ranks)
     ev = []
     for rr in ranks:
@@ -76,6 +87,10 @@ def write_trace(ranks: list[dict], gaps: list[Gap], path: str | Path) -> None:
         if g.seconds > 0:
             ev.append({"name": f"bubble {g.type}", "cat": "bubble", "ph": "X", "pid": 1, "tid": g.stage,
                        "ts": (g.start - t0) * 1e6, "dur": g.seconds * 1e6, "args": {"iteration": g.iteration}})
+    for st in side_steps or []:
+        ev.append({"name": st["name"], "cat": "side", "ph": "X", "pid": 2, "tid": st["stage"],
+                   "ts": (st["t0"] - t0) * 1e6, "dur": (st["t1"] - st["t0"]) * 1e6, "args": {"task": st["task"]}})
+    ev.append({"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "side tasks"}})
     ev.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "compute"}})
     ev.append({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "bubbles"}})
     Path(path).write_text(json.dumps({"traceEvents": ev, "displayTimeUnit": "ms"}))

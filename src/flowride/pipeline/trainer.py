@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowride.errors import InputError
-from flowride.pipeline.bubbles import PROFILE_SCHEMA, Gap, analyse
+from flowride.pipeline.bubbles import PROFILE_SCHEMA, Gap, analyse, iteration_gaps
 from flowride.pipeline.config import TrainConfig
 from flowride.pipeline.launch import launch
 from flowride.pipeline.schedules import theoretical_bubble_fraction
@@ -49,8 +49,18 @@ class TrainResult:
             "bubble_fraction_per_stage": a["bubble_fraction_per_stage"],
             "bubble_fraction_theory": theoretical_bubble_fraction(cfg.schedule, cfg.stages, cfg.microbatches, cfg.chunks),
             "bubbles": a["bubbles"],
+            "bubble_seconds_total": self.bubble_seconds(),
             "events": {f"stage{r['rank']}": r["published"] for r in self.ranks},
         }
+
+    def bubble_seconds(self) -> float:
+        """Idle seconds summed over stages and every iteration of the run."""
+        total = 0.0
+        for rr in self.ranks:
+            for it in rr["iterations"]:
+                _, busy, span = iteration_gaps(rr, it)
+                total += max(0.0, span - busy)
+        return total
 
     def profile(self) -> dict:
         cfg = self.config

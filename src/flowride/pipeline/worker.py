@@ -163,6 +163,9 @@ def run_rank(cfg: TrainConfig) -> None:
     if world != cfg.stages:
         raise SystemExit(f"WORLD_SIZE={world} but the run has {cfg.stages} stages")
     torch.set_num_threads(cfg.threads)
+    if cfg.pin_cores:
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     runner = StageRunner(cfg, rank, world)
     backend = "nccl" if runner.dev.type == "cuda" else "gloo"
     if runner.dev.type == "cuda":

@@ -1,0 +1,102 @@
+"""The process that hosts one side task, driven by its stage's worker over stdin/stdout.
+
+Iterative tasks: the worker sends ``{"cmd": "run", "until": T, "need_s": s}``; the host runs
+steps while the time left before T exceeds ``need_s`` (the profiled step time x 1.2), reporting
+each step, then yields. SIGUSR1 means "the stage needs its core back": the host yields after the
+step in progress. ``{"cmd": "checkpoint"}`` pickles ``task.state()`` to the checkpoint file.
+
+Imperative tasks: the host calls ``main(params, checkpoint_path)`` and the worker pauses and
+resumes the whole process with SIGSTOP / SIGCONT; SIGTERM asks it to save and exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import sys
+import time
+from pathlib import Path
+
+_yield_now = False
+
+
+def _on_usr1(signum, frame) -> None:
+    global _yield_now
+    _yield_now = True
+
+
+def _emit(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _save(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(state, f)
+    os.replace(tmp, path)
+
+
+def host_iterative(name: str, params: dict, ckpt: Path) -> int:
+    global _yield_now
+    from flowride.harvest.task import make_task
+
+    frac = os.environ.get("FLOWRIDE_CUDA_MEMORY_FRACTION")
+    if frac:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_per_process_memory_fraction(float(frac))
+    signal.signal(signal.SIGUSR1, _on_usr1)
+    task = make_task(name, params)
+    task.setup()
+    if ckpt.exists():
+        with open(ckpt, "rb") as f:
+            task.load_state(pickle.load(f))
+    _emit({"ev": "ready", "finished": task.finished(), "unit": task.unit})
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "run":
+            _yield_now = False
+            until, need = float(cmd["until"]), float(cmd["need_s"])
+            while not task.finished() and not _yield_now and until - time.monotonic() > need:
+                t0 = time.monotonic()
+                units = float(task.step())
+                _emit({"ev": "step", "t0": t0, "t1": time.monotonic(), "units": units})
+            _emit({"ev": "yield", "finished": task.finished()})
+        elif cmd["cmd"] == "checkpoint":
+            _save(ckpt, task.state())
+            _emit({"ev": "saved"})
+        elif cmd["cmd"] == "stop":
+            _save(ckpt, task.state())
+            _emit({"ev": "saved"})
+            return 0
+    return 0
+
+
+def host_imperative(name: str, params: dict, ckpt: Path) -> int:
+    from flowride.harvest.task import ImperativeSpec, resolve
+
+    spec = resolve(name)
+    assert isinstance(spec, ImperativeSpec)
+    _emit({"ev": "ready", "finished": False, "unit": spec.unit})  # imports done: pausable from here
+    spec.main(params, str(ckpt))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    kind, name, params, ckpt = argv[0], argv[1], json.loads(argv[2]), Path(argv[3])
+    try:
+        if kind == "iterative":
+            return host_iterative(name, params, ckpt)
+        return host_imperative(name, params, ckpt)
+    except MemoryError:
+        sys.stderr.write("MemoryError: side task ran out of memory (over its memory limit)\n")
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The durable side-task store: SQLite in WAL mode under the run directory.
+
+Tasks, their states, progress counters and checkpoints live here, so `flowride tasks ...` can
+read and write while training runs (WAL lets readers and one writer work at once), and a manager
+killed with -9 loses nothing: on restart, every unfinished task is taken up again from its last
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flowride.errors import InputError
+from flowride.harvest.states import TaskState, check_transition
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    params TEXT NOT NULL DEFAULT '{}',
+    priority INTEGER NOT NULL DEFAULT 0,
+    memory_limit_mb INTEGER,
+    state TEXT NOT NULL,
+    reason TEXT,
+    stage INTEGER,
+    steps INTEGER NOT NULL DEFAULT 0,
+    units REAL NOT NULL DEFAULT 0,
+    busy_s REAL NOT NULL DEFAULT 0,
+    overruns INTEGER NOT NULL DEFAULT 0,
+    restarts INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    task_id INTEGER PRIMARY KEY REFERENCES tasks(id),
+    data BLOB NOT NULL,
+    steps INTEGER NOT NULL,
+    units REAL NOT NULL,
+    saved REAL NOT NULL
+);
+"""
+
+
+@dataclass
+class TaskRecord:
+    id: int
+    name: str
+    params: dict[str, Any]
+    priority: int
+    memory_limit_mb: int | None
+    state: TaskState
+    reason: str | None
+    stage: int | None
+    steps: int
+    units: float
+    busy_s: float
+    overruns: int
+    restarts: int
+    cancel_requested: bool
+    created: float
+    updated: float
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["state"] = str(self.state)
+        return d
+
+
+def _record(row: sqlite3.Row) -> TaskRecord:
+    d = dict(row)
+    d["params"] = json.loads(d["params"])
+    d["state"] = TaskState(d["state"])
+    d["cancel_requested"] = bool(d["cancel_requested"])
+    return TaskRecord(**d)
+
+
+class TaskStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    @classmethod
+    def in_run_dir(cls, run_dir: str | Path) -> TaskStore:
+        return cls(Path(run_dir) / "tasks.sqlite")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------------ writes
+    def submit(self, name: str, params: dict | None = None, priority: int = 0, memory_limit_mb: int | None = None) -> int:
+        now = time.time()
+        cur = self.db.execute(
+            "INSERT INTO tasks (name, params, priority, memory_limit_mb, state, created, updated) VALUES (?,?,?,?,?,?,?)",
+            (name, json.dumps(params or {}), int(priority), memory_limit_mb, TaskState.SUBMITTED.value, now, now),
+        )
+        return int(cur.lastrowid)
+
+    def transition(self, task_id: int, new: TaskState | str, reason: str | None = None) -> TaskState:
+        """Move a task to ``new`` if its life cycle allows it (IllegalTransition otherwise)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            row = self.db.execute("SELECT state FROM tasks WHERE id=?", (task_id,)).fetchone()
+            if row is None:
+                raise InputError("task", f"no task {task_id}", "see flowride tasks list")
+            state = check_transition(row["state"], new)
+            self.db.execute(
+                "UPDATE tasks SET state=?, reason=COALESCE(?, reason), updated=? WHERE id=?",
+                (state.value, reason, time.time(), task_id),
+            )
+            self.db.execute("COMMIT")
+            return state
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    def progress(self, task_id: int, steps: int, units: float, busy_s: float, overruns: int, stage: int | None = None) -> None:
+        self.db.execute(
+            "UPDATE tasks SET steps=?, units=?, busy_s=?, overruns=?, stage=COALESCE(?, stage), updated=? WHERE id=?",
+            (steps, units, busy_s, overruns, stage, time.time(), task_id),
+        )
+
+    def save_checkpoint(self, task_id: int, data: bytes, steps: int, units: float) -> None:
+        self.db.execute(
+            "INSERT INTO checkpoints (task_id, data, steps, units, saved) VALUES (?,?,?,?,?) "
+            "ON CONFLICT(task_id) DO UPDATE SET data=excluded.data, steps=excluded.steps, units=excluded.units, saved=excluded.saved",
+            (task_id, sqlite3.Binary(data), steps, units, time.time()),
+        )
+
+    def request_cancel(self, task_id: int) -> TaskRecord:
+        """Ask for a task to stop. A task not started yet stops at once; a live one at its next pause."""
+        rec = self.get(task_id)
+        if rec.state.terminal:
+            raise InputError("task", f"task {task_id} is already {rec.state}", "only unfinished tasks can be cancelled")
+        self.db.execute("UPDATE tasks SET cancel_requested=1, updated=? WHERE id=?", (time.time(), task_id))
+        if rec.state is TaskState.SUBMITTED:
+            self.transition(task_id, TaskState.STOPPED, "cancelled before it started")
+        return self.get(task_id)
+
+    def recover(self) -> list[int]:
+        """After a manager crash: tasks that were live go back to SUBMITTED (their processes died
+        with the manager) and will resume from their last checkpoint. Returns their ids."""
+        live = (TaskState.CREATED.value, TaskState.PAUSED.value, TaskState.RUNNING.value)
+        rows = self.db.execute(f"SELECT id FROM tasks WHERE state IN ({','.join('?' * len(live))})", live).fetchall()
+        ids = [int(r["id"]) for r in rows]
+        for i in ids:
+            self.db.execute(
+                "UPDATE tasks SET state=?, restarts=restarts+1, reason=?, updated=? WHERE id=?",
+                (TaskState.SUBMITTED.value, "recovered after a manager restart", time.time(), i),
+            )
+        return ids
+
+    # ------------------------------------------------------------------ reads
+    def get(self, task_id: int) -> TaskRecord:
+        row = self.db.execute("SELECT * FROM tasks WHERE id=?", (task_id,)).fetchone()
+        if row is None:
+            raise InputError("task", f"no task {task_id}", "see flowride tasks list")
+        return _record(row)
+
+    def list(self) -> list[TaskRecord]:
+        return [_record(r) for r in self.db.execute("SELECT * FROM tasks ORDER BY id").fetchall()]
+
+    def unfinished(self) -> list[TaskRecord]:
+        return [t for t in self.list() if not t.state.terminal]
+
+    def checkpoint(self, task_id: int) -> tuple[bytes, int, float] | None:
+        row = self.db.execute("SELECT data, steps, units FROM checkpoints WHERE task_id=?", (task_id,)).fetchone()
+        return None if row is None else (bytes(row["data"]), int(row["steps"]), float(row["units"]))

@@ -1,0 +1,116 @@
+"""The public side-task interface: what a task must offer the harvester.
+
+Iterative tasks expose one step at a time, so the runtime can start a step only when it fits the
+bubble (remaining time > profiled step time x 1.2). Imperative tasks are free-form processes,
+paused with SIGSTOP and resumed with SIGCONT; SIGTERM asks them to save their state and exit.
+
+Built-in tasks live in :mod:`flowride.sidetasks` and use nothing but this module.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class IterativeTask(ABC):
+    """A side task that advances in short, separately schedulable steps.
+
+    ``params`` come from the submission (JSON-serialisable). ``step`` returns the work units it
+    completed (images processed, PageRank sweeps, training samples...). ``state`` must capture
+    everything needed to resume after a crash: it is pickled into the durable store.
+    """
+
+    name: str = "task"
+    unit: str = "steps"
+
+    def __init__(self, **params: Any) -> None:
+        self.params = params
+
+    @abstractmethod
+    def setup(self) -> None:
+        """Allocate data and models. Runs once per process, before any step."""
+
+    @abstractmethod
+    def step(self) -> float:
+        """Do one unit of work and return how many work units it completed."""
+
+    @abstractmethod
+    def finished(self) -> bool:
+        """True once the task has nothing left to do."""
+
+    @abstractmethod
+    def state(self) -> dict[str, Any]:
+        """Everything needed to resume (picklable)."""
+
+    @abstractmethod
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Resume from ``state()`` of an earlier process."""
+
+
+@dataclass(frozen=True)
+class ImperativeSpec:
+    """A free-form side task: ``main(params, checkpoint_path)`` run as its own process.
+
+    ``main`` should save its progress to ``checkpoint_path`` when it receives SIGTERM (and may do
+    so periodically); on restart it is called again with the same path and resumes from it.
+    """
+
+    name: str
+    main: Callable[[dict[str, Any], str], None]
+    unit: str = "units"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """How a submitted side task is created: a registered name and its parameters."""
+
+    name: str
+    params: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0  # higher runs first
+    memory_limit_mb: int | None = None  # refuse / kill above this (RLIMIT_AS on CPU)
+
+
+_REGISTRY: dict[str, Callable[..., IterativeTask] | ImperativeSpec] = {}
+
+
+def register(name: str, factory: Callable[..., IterativeTask] | ImperativeSpec) -> None:
+    """Make a task available by name (built-ins register themselves on import)."""
+    _REGISTRY[name] = factory
+
+
+def registered() -> dict[str, Callable[..., IterativeTask] | ImperativeSpec]:
+    import flowride.sidetasks  # noqa: F401  (registers the built-ins)
+
+    return dict(_REGISTRY)
+
+
+def resolve(name: str) -> Callable[..., IterativeTask] | ImperativeSpec:
+    """A registered task, or ``package.module:Attribute`` naming an IterativeTask subclass or an
+    ImperativeSpec (how users bring their own tasks)."""
+    from flowride.errors import InputError
+
+    reg = registered()
+    if name in reg:
+        return reg[name]
+    if ":" in name:
+        import importlib
+
+        mod, _, attr = name.partition(":")
+        try:
+            obj = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as e:
+            raise InputError("task", f"cannot load {name!r}: {e}", "give module:Class importable here") from None
+        if isinstance(obj, ImperativeSpec) or (isinstance(obj, type) and issubclass(obj, IterativeTask)):
+            return obj
+        raise InputError("task", f"{name!r} is neither an IterativeTask nor an ImperativeSpec", "see flowride.harvest.task")
+    raise InputError("task", f"unknown side task {name!r}", f"choose one of {', '.join(sorted(reg))} or module:Class")
+
+
+def make_task(name: str, params: dict[str, Any] | None = None) -> IterativeTask | ImperativeSpec:
+    factory = resolve(name)
+    if isinstance(factory, ImperativeSpec):
+        return factory
+    return factory(**(params or {}))

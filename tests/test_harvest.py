@@ -1,0 +1,235 @@
+"""Harvesting: task life cycle, the fits-the-bubble rule, signals, limits, failures, the durable
+store (kill -9 and resume), submissions during a run, the cost formula, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flowride.harvest.cost import harvest_efficiency, savings
+from flowride.harvest.manager import fit_time, step_fits
+from flowride.harvest.session import start_manager, stop_manager
+from flowride.harvest.states import IllegalTransition, TaskState, check_transition
+from flowride.harvest.store import TaskStore
+from flowride.pipeline.events import BubbleEvent, BubblePublisher
+
+pytestmark = pytest.mark.timeout(240)
+TESTS = str(Path(__file__).resolve().parent)
+FAKE = "harvest_fixtures.fake_tasks"
+
+
+@pytest.fixture(autouse=True)
+def fixtures_importable(monkeypatch):
+    """Side-task processes import the fake tasks from tests/."""
+    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if TESTS not in sys.path:
+        monkeypatch.syspath_prepend(TESTS)
+
+
+def wait_for(pred, timeout: float = 30.0, every: float = 0.05):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError("condition not reached in time")
+
+
+def proc_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return proc_state(pid) not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+# ------------------------------------------------------------------------------------ pieces
+
+
+def test_state_machine():
+    S = TaskState
+    path = [S.SUBMITTED, S.CREATED, S.PAUSED, S.RUNNING, S.PAUSED, S.RUNNING, S.FINISHED]
+    for a, b in zip(path, path[1:], strict=False):
+        assert check_transition(a, b) is b
+    for bad in [(S.SUBMITTED, S.RUNNING), (S.FINISHED, S.RUNNING), (S.FAILED, S.PAUSED), (S.STOPPED, S.CREATED), (S.PAUSED, S.CREATED)]:
+        with pytest.raises(IllegalTransition):
+            check_transition(*bad)
+    assert all(s.terminal for s in (S.FINISHED, S.FAILED, S.STOPPED))
+
+
+def test_fits_the_bubble_rule():
+    # median 2.1 ms rounds up to 3 ms, times 1.2
+    assert fit_time(0.0021) == pytest.approx(0.0036)
+    assert fit_time(0.002) == pytest.approx(0.0024)
+    assert step_fits(0.0037, 0.0021) and not step_fits(0.0036, 0.0021) and not step_fits(0.001, 0.0021)
+    assert fit_time(0.010, factor=2.0) == pytest.approx(0.020)
+
+
+def test_cost_formula_overhead_lowers_savings():
+    free = savings(t_v=100.0, t_f=100.0, dedicated_seconds=20.0, p_ref=1.0, p_main=2.0)
+    slowed = savings(t_v=100.0, t_f=110.0, dedicated_seconds=20.0, p_ref=1.0, p_main=2.0)
+    assert free["overhead_term"] == 0.0 and free["value_term"] == pytest.approx(0.1) and free["savings"] == pytest.approx(0.1)
+    assert slowed["overhead_term"] == pytest.approx(-0.1)
+    assert slowed["savings"] == pytest.approx(0.0) and slowed["savings"] < free["savings"]
+    assert harvest_efficiency(5.0, 10.0) == 0.5 and harvest_efficiency(1.0, 0.0) == 0.0
+
+
+def test_store_is_wal_and_keeps_everything(tmp_path):
+    st = TaskStore.in_run_dir(tmp_path)
+    assert st.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    a = st.submit("pagerank", {"n": 100}, priority=2, memory_limit_mb=512)
+    b = st.submit("cnn")
+    st.transition(a, TaskState.CREATED)
+    st.transition(a, TaskState.PAUSED)
+    with pytest.raises(IllegalTransition):
+        st.transition(a, TaskState.SUBMITTED)
+    st.save_checkpoint(a, b"state-bytes", 7, 70.0)
+    other = TaskStore.in_run_dir(tmp_path)  # a second connection sees it (e.g. the CLI)
+    rec = other.get(a)
+    assert rec.state is TaskState.PAUSED and rec.params == {"n": 100} and rec.priority == 2 and rec.memory_limit_mb == 512
+    assert other.checkpoint(a) == (b"state-bytes", 7, 70.0)
+    assert other.request_cancel(b).state is TaskState.STOPPED  # not started: stops at once
+    assert st.recover() == [a] and st.get(a).state is TaskState.SUBMITTED and st.get(a).restarts == 1
+
+
+# ------------------------------------------------------------------------------------ manager
+
+
+def test_imperative_task_paused_and_resumed_by_signal(tmp_path):
+    st = TaskStore.in_run_dir(tmp_path)
+    tid = st.submit(f"{FAKE}:Looper", {"total": 100000})
+    proc, port = start_manager(tmp_path, 1, "freeride", {})
+    try:
+        pid = wait_for(lambda: _host_pid(tmp_path, tid))
+        wait_for(lambda: proc_state(pid) == "T")  # SIGSTOPped until its first bubble
+        pub = BubblePublisher(port)
+        now = time.monotonic()
+        pub.publish(BubbleEvent("bubble", 0, "B", now, now + 0.6, 10**10, 0))
+        wait_for(lambda: proc_state(pid) != "T", timeout=5)  # SIGCONT: running in the bubble
+        wait_for(lambda: proc_state(pid) == "T", timeout=5)  # SIGSTOP at the predicted end
+        assert time.monotonic() - now >= 0.55
+        pub.close()
+    finally:
+        stop_manager(proc, tmp_path)
+    rec = TaskStore.in_run_dir(tmp_path).get(tid)
+    assert 0 < rec.units < 100000  # it worked only inside the bubble, then saved on SIGTERM
+    assert rec.state is TaskState.PAUSED
+
+
+def _host_pid(run_dir: Path, tid: int) -> int | None:
+    needle = f"task{tid}.ckpt"
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "flowride.harvest.runner" in cmd and needle in cmd and str(run_dir) in cmd:
+                return int(pid)
+    return None
+
+
+def test_iterative_steps_only_when_they_fit(tmp_path):
+    st = TaskStore.in_run_dir(tmp_path)
+    tid = st.submit(f"{FAKE}:Counter", {"step_ms": 5})
+    profiles = {f"{FAKE}:Counter": {"median_step_s": 0.005}}
+    proc, port = start_manager(tmp_path, 1, "freeride", profiles)
+    pub = BubblePublisher(port)
+    try:
+        wait_for(lambda: TaskStore.in_run_dir(tmp_path).get(tid).state is TaskState.PAUSED)
+        now = time.monotonic()
+        pub.publish(BubbleEvent("bubble", 0, "D", now, now + 0.004, 10**10, 0))  # too short for a 6 ms need
+        time.sleep(0.3)
+        now = time.monotonic()
+        pub.publish(BubbleEvent("bubble", 0, "B", now, now + 0.2, 10**10, 1))
+        time.sleep(0.5)
+    finally:
+        pub.close()
+        rec = stop_manager(proc, tmp_path)
+    steps = rec["steps"]
+    assert 10 <= len(steps) <= 40  # about 0.2 s / 5 ms, none in the 4 ms bubble
+    assert all(s["t0"] >= now for s in steps)
+    assert max(s["t1"] for s in steps) <= now + 0.2 + 0.006  # the last step started only if it fitted
+
+
+@pytest.mark.parametrize(
+    ("task", "params", "mem", "reason"),
+    [
+        ("Crasher", {"after": 3}, None, "side task crashed on purpose"),
+        ("Hog", {"mb": 4096}, 1500, "out of memory (limit 1500 MB)"),
+        ("Stubborn", {}, None, "ignored a pause"),
+    ],
+)
+def test_misbehaving_task_fails_alone(tmp_path, task, params, mem, reason):
+    st = TaskStore.in_run_dir(tmp_path)
+    bad = st.submit(f"{FAKE}:{task}", params, memory_limit_mb=mem)
+    good = st.submit(f"{FAKE}:Counter", {"total": 400})
+    proc, _ = start_manager(tmp_path, 2, "naive", {})
+    try:
+        wait_for(lambda: TaskStore.in_run_dir(tmp_path).get(bad).state is TaskState.FAILED, timeout=40)
+        wait_for(lambda: TaskStore.in_run_dir(tmp_path).get(good).state is TaskState.FINISHED, timeout=40)
+    finally:
+        rec = stop_manager(proc, tmp_path)
+    r = TaskStore.in_run_dir(tmp_path).get(bad)
+    assert reason in r.reason
+    assert [f["task"] for f in rec["failures"]] == [bad]
+    assert not _host_pid(tmp_path, bad)
+
+
+def test_store_survives_kill_9_and_resumes(tmp_path):
+    st = TaskStore.in_run_dir(tmp_path)
+    tid = st.submit(f"{FAKE}:Counter", {"total": 2500, "step_ms": 2})
+    waiting = st.submit(f"{FAKE}:Counter", {"total": 5})  # stage 1
+    proc, _ = start_manager(tmp_path, 2, "naive", {})
+    wait_for(lambda: (TaskStore.in_run_dir(tmp_path).checkpoint(tid) or (b"", 0, 0))[1] > 0, timeout=30)
+    host = _host_pid(tmp_path, tid)
+    os.killpg(proc.pid, signal.SIGKILL)  # the manager dies without saying goodbye
+    proc.wait()
+    wait_for(lambda: not alive(host), timeout=10)  # its side task went with it (no orphan)
+    saved_steps = TaskStore.in_run_dir(tmp_path).checkpoint(tid)[1]
+    assert 0 < saved_steps < 2500
+    proc2, _ = start_manager(tmp_path, 2, "naive", {})
+    try:
+        wait_for(lambda: TaskStore.in_run_dir(tmp_path).get(tid).state is TaskState.FINISHED, timeout=60)
+    finally:
+        stop_manager(proc2, tmp_path)
+    rec = TaskStore.in_run_dir(tmp_path).get(tid)
+    assert rec.restarts == 1 and rec.units == 2500  # resumed from the checkpoint, not from zero
+    assert TaskStore.in_run_dir(tmp_path).get(waiting).state is TaskState.FINISHED
+
+
+def test_tasks_cli_submit_list_cancel_while_running(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "flowride", "tasks", *args, "--run-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=60)
+
+    proc, _ = start_manager(tmp_path, 1, "naive", {})
+    try:
+        p = cli("submit", f"{FAKE}:Counter", "--params", '{"total": 200}')
+        assert p.returncode == 0 and "submitted task 1" in p.stdout
+        long = cli("submit", f"{FAKE}:Counter", "--params", '{"total": 100000000}', "--priority", "5")
+        assert long.returncode == 0
+        wait_for(lambda: TaskStore.in_run_dir(tmp_path).get(2).steps > 0, timeout=30)
+        c = cli("cancel", "2")
+        assert c.returncode == 0 and "cancel requested" in c.stdout
+        wait_for(lambda: TaskStore.in_run_dir(tmp_path).get(2).state is TaskState.STOPPED, timeout=30)
+        wait_for(lambda: TaskStore.in_run_dir(tmp_path).get(1).state is TaskState.FINISHED, timeout=30)
+        ls = cli("list")
+        assert ls.returncode == 0 and "FINISHED" in ls.stdout and "STOPPED" in ls.stdout
+        show = cli("show", "1")
+        assert json.loads(show.stdout)["units"] == 200
+        bad = cli("submit", "no-such-task")
+        assert bad.returncode == 2 and "unknown side task" in bad.stderr
+    finally:
+        stop_manager(proc, tmp_path)
