@@ -299,7 +299,7 @@ def _train_harvesting(a: argparse.Namespace, cfg, tasks: list[str], mode: str):
     cfg.validate()
     run_dir = Path(cfg.run_dir)
     with err.status("profiling side tasks alone (dedicated throughput, step time, memory)"):
-        profiles = profiles_for(tasks, run_dir.parent / "task-profiles.json")
+        profiles = profiles_for(tasks, run_dir / "task-profiles.json")
     prof_path = run_dir / "bubble-profile.json"
     if a.baseline_report:
         try:

@@ -23,10 +23,21 @@ from flowride.errors import InputError
 from flowride.harvest.cost import harvest_efficiency, savings
 from flowride.harvest.profile import profile_task
 from flowride.harvest.store import TaskStore
+from flowride.harvest.task import resolve
 from flowride.pipeline.config import TrainConfig
 from flowride.pipeline.trainer import TrainResult, train
 
 HARVEST_MODES = ("none", "freeride", "naive", "priority")
+
+# Built-in tasks submitted by name from `flowride train --side-tasks` run as long jobs: they keep
+# working until training ends (then they are checkpointed and stay resumable). PageRank runs a
+# fixed number of sweeps, as graph benchmarks such as GAP do, rather than stopping at convergence.
+JOB_PARAMS: dict[str, dict] = {
+    "pagerank": {"tol": 0.0, "max_sweeps": 10**7, "sweeps_per_step": 4},
+    "cnn": {"total_steps": 10**7},
+    "image": {"total_batches": 10**7},
+    "image-proc": {"total_batches": 10**7},
+}
 
 
 def _idle_priority() -> None:
@@ -80,8 +91,11 @@ def profiles_for(tasks: list[str], cache: Path | None = None) -> dict[str, dict]
     cached = json.loads(cache.read_text()) if cache and cache.exists() else {}
     out = {}
     for name in dict.fromkeys(tasks):
-        out[name] = cached.get(name) or profile_task(name)
+        if resolve(name).__class__.__name__ == "ImperativeSpec":
+            continue  # profiled through its iterative twin, if any
+        out[name] = cached.get(name) or profile_task(name, JOB_PARAMS.get(name, {}))
     if cache:
+        cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps({**cached, **out}, indent=1))
     return out
 
@@ -99,7 +113,7 @@ def run_harvest(cfg: TrainConfig, mode: str, tasks: list[str], profiles: dict[st
         return train(pinned, on_progress), {"steps": [], "failures": [], "tasks": [], "mode": mode}
     store = TaskStore.in_run_dir(run_dir)
     for name in tasks:
-        store.submit(name)
+        store.submit(name, JOB_PARAMS.get(name, {}))
     store.close()
     proc, port = start_manager(run_dir, cfg.stages, mode, profiles)
     try:
