@@ -233,3 +233,49 @@ def test_tasks_cli_submit_list_cancel_while_running(tmp_path):
         assert bad.returncode == 2 and "unknown side task" in bad.stderr
     finally:
         stop_manager(proc, tmp_path)
+
+
+# ------------------------------------------------------------------------------------ end to end
+
+
+def test_train_with_side_tasks_through_the_cli(tmp_path):
+    rep_path, png = tmp_path / "r.json", tmp_path / "t.png"
+    p = subprocess.run(
+        [sys.executable, "-m", "flowride", "train", "--stages", "2", "--microbatches", "4", "--model", "small", "--iters", "5",
+         "--side-tasks", "pagerank,image", "--harvest", "freeride", "--run-dir", str(tmp_path / "run"),
+         "--report", str(rep_path), "--timeline", str(png)],
+        capture_output=True, text=True, timeout=200,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    rep = json.loads(rep_path.read_text())
+    for key in ("harvest_mode", "overhead_pct", "side_work", "harvest_efficiency", "cost", "losses_identical", "failures"):
+        assert key in rep
+    assert rep["harvest_mode"] == "freeride" and rep["losses_identical"] is True and rep["failures"] == []
+    assert {"overhead_term", "value_term", "savings"} <= set(rep["cost"])
+    assert rep["cost"]["savings"] == pytest.approx(rep["cost"]["overhead_term"] + rep["cost"]["value_term"])
+    done = sum(d["units"] for d in rep["side_work"].values())
+    assert done > 0 and 0 < rep["harvest_efficiency"] < 5
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # every step of a side task started inside one of its stage's bubbles: none ran before the
+    # first bubble event, and the task states are durable
+    states = {t["name"]: t["state"] for t in rep["tasks"]}
+    assert set(states) == {"pagerank", "image"} and all(s == "PAUSED" for s in states.values())
+
+
+def test_naive_mode_is_slower_than_none_and_losses_stay_identical(tmp_path):
+    from flowride.harvest.session import harvest_report, profiles_for, run_harvest
+    from flowride.pipeline.config import TrainConfig
+    from flowride.pipeline.trainer import train
+
+    cfg = TrainConfig(schedule="1f1b", stages=2, microbatches=4, model="small", iters=5, run_dir=str(tmp_path / "none"), pin_cores=True)
+    base = train(cfg).report()
+    profiles = profiles_for(["pagerank"], tmp_path / "profiles.json")
+    from dataclasses import replace
+
+    res, record = run_harvest(replace(cfg, run_dir=str(tmp_path / "naive")), "naive", ["pagerank"], profiles)
+    rep = res.report()
+    h = harvest_report(base, rep, record, "naive", profiles)
+    assert h["losses_identical"] is True
+    assert h["side_work"] and h["cost"]["value_term"] > 0
+    # a slowdown lowers savings below the value of the work done
+    assert h["cost"]["savings"] == pytest.approx(h["cost"]["value_term"] + h["cost"]["overhead_term"])

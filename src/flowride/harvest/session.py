@@ -75,6 +75,25 @@ def start_manager(run_dir: Path, stages: int, mode: str, profiles: dict, timeout
     return proc, int(ready.read_text())
 
 
+def wait_until_created(run_dir: Path, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+    """Side tasks are created (process started, setup done) before training starts, so the first
+    bubbles find them ready; creation itself runs at idle priority."""
+    from flowride.harvest.states import TaskState
+
+    store = TaskStore.in_run_dir(run_dir)
+    t0 = time.monotonic()
+    try:
+        while True:
+            states = [t.state for t in store.list()]
+            if all(s not in (TaskState.SUBMITTED, TaskState.CREATED) for s in states):
+                return
+            if proc.poll() is not None or time.monotonic() - t0 > timeout:
+                raise RuntimeError(f"side tasks were not created in time (states: {[str(s) for s in states]})")
+            time.sleep(0.05)
+    finally:
+        store.close()
+
+
 def stop_manager(proc: subprocess.Popen, run_dir: Path, timeout: float = 90.0) -> dict:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -117,6 +136,7 @@ def run_harvest(cfg: TrainConfig, mode: str, tasks: list[str], profiles: dict[st
     store.close()
     proc, port = start_manager(run_dir, cfg.stages, mode, profiles)
     try:
+        wait_until_created(run_dir, proc)
         res = train(replace(pinned, bubble_port=port, profile=bubble_profile), on_progress)
     finally:
         record = stop_manager(proc, run_dir)
