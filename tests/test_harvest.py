@@ -279,3 +279,24 @@ def test_naive_mode_is_slower_than_none_and_losses_stay_identical(tmp_path):
     assert h["side_work"] and h["cost"]["value_term"] > 0
     # a slowdown lowers savings below the value of the work done
     assert h["cost"]["savings"] == pytest.approx(h["cost"]["value_term"] + h["cost"]["overhead_term"])
+
+
+def test_memory_limit_kill_during_training_leaves_training_untouched(tmp_path):
+    from dataclasses import replace
+
+    from flowride.harvest.session import run_harvest
+    from flowride.pipeline.config import TrainConfig
+    from flowride.pipeline.trainer import train
+
+    cfg = TrainConfig(schedule="1f1b", stages=2, microbatches=4, model="small", iters=5, run_dir=str(tmp_path / "none"), pin_cores=True)
+    base = train(cfg)
+    (tmp_path / "b.json").write_text(json.dumps(base.profile()))
+    profiles = {f"{FAKE}:Hog": {"median_step_s": 0.002}, f"{FAKE}:Counter": {"median_step_s": 0.002}}
+    store = TaskStore.in_run_dir(tmp_path / "h")
+    store.submit(f"{FAKE}:Hog", {"mb": 4096}, memory_limit_mb=1500)  # stage 0: dies on its first step
+    store.close()
+    res, record = run_harvest(replace(cfg, run_dir=str(tmp_path / "h")), "freeride", [f"{FAKE}:Counter"], profiles,
+                              bubble_profile=str(tmp_path / "b.json"))
+    assert [f["reason"] for f in record["failures"]] == ["out of memory (limit 1500 MB)"]
+    assert res.report()["losses"] == base.report()["losses"]  # training is unaffected
+    assert any(st["name"].endswith("Counter") for st in record["steps"])  # the other task kept working

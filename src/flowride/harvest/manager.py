@@ -400,6 +400,11 @@ class Manager:
         """Save every live task's state and leave it resumable (PAUSED), then write the record."""
         for live in list(self.live.values()):
             if live.kind == "iterative" and live.proc.poll() is None:
+                if live.running:  # finish the step in progress, then read the stop command
+                    try:
+                        os.kill(live.proc.pid, signal.SIGUSR1)
+                    except ProcessLookupError:
+                        pass
                 self._send(live, {"cmd": "stop"})
                 try:
                     live.proc.wait(timeout=30)

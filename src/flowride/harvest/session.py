@@ -150,7 +150,10 @@ def harvest_report(base_rep: dict, rep: dict, record: dict, mode: str, profiles:
     t_v = float(np.sum(base_rep["iteration_times_s"]))
     t_f = float(np.sum(rep["iteration_times_s"]))
     side: dict[str, dict] = {}
+    lo, hi = rep["window_monotonic"]
     for st in record.get("steps", []):
+        if st["t0"] < lo or st["t1"] > hi:
+            continue  # only work done while training ran counts
         d = side.setdefault(str(st["task"]), {"name": st["name"], "steps": 0, "units": 0.0, "busy_s": 0.0, "overruns": 0, "overrun_s": 0.0})
         d["steps"] += 1
         d["units"] += st["units"]

@@ -50,6 +50,9 @@ class TrainResult:
             "bubble_fraction_theory": theoretical_bubble_fraction(cfg.schedule, cfg.stages, cfg.microbatches, cfg.chunks),
             "bubbles": a["bubbles"],
             "bubble_seconds_total": self.bubble_seconds(),
+            # the training's span on this host's monotonic clock (to tell side work done during it)
+            "window_monotonic": [min(r["iterations"][0]["start"] for r in self.ranks),
+                                 max(r["iterations"][-1]["end"] for r in self.ranks)],
             "events": {f"stage{r['rank']}": r["published"] for r in self.ranks},
         }
 
