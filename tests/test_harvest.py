@@ -202,11 +202,11 @@ def test_store_survives_kill_9_and_resumes(tmp_path):
     proc2, _ = start_manager(tmp_path, 2, "naive", {})
     try:
         wait_for(lambda: TaskStore.in_run_dir(tmp_path).get(tid).state is TaskState.FINISHED, timeout=60)
+        wait_for(lambda: TaskStore.in_run_dir(tmp_path).get(waiting).state is TaskState.FINISHED, timeout=60)
     finally:
         stop_manager(proc2, tmp_path)
     rec = TaskStore.in_run_dir(tmp_path).get(tid)
     assert rec.restarts == 1 and rec.units == 2500  # resumed from the checkpoint, not from zero
-    assert TaskStore.in_run_dir(tmp_path).get(waiting).state is TaskState.FINISHED
 
 
 def test_tasks_cli_submit_list_cancel_while_running(tmp_path):
