@@ -137,13 +137,14 @@ class StageRunner:
             self._resume(i, it, free_mem)
             recs.append({"kind": ins.kind, "mb": mb, "chunk": j, "start": t0, "compute": tc, "end": t1})
             t_prev = t1
-        self._announce(len(self.instrs), t_prev, it, free_mem)
         for w in pending:
             w.wait()
         t0 = time.monotonic()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        recs.append({"kind": "O", "mb": -1, "chunk": -1, "start": t0, "compute": t0, "end": time.monotonic()})
+        t1 = time.monotonic()
+        recs.append({"kind": "O", "mb": -1, "chunk": -1, "start": t0, "compute": t0, "end": t1})
+        self._announce(len(self.instrs), t1, it, free_mem)  # the C bubble starts after the optimizer
         return (loss_sum if self.P - 1 in self.mine else None), recs
 
     def _announce(self, gap: int, start: float, it: int, free_mem: int) -> None:
