@@ -329,6 +329,7 @@ def test_image_proc_in_process_matches_iterative(tmp_path: Path) -> None:
     assert signal.getsignal(signal.SIGTERM) == before  # handler restored
     saved = read_checkpoint(str(ckpt))
     assert saved is not None and saved["done"] and saved["next_batch"] == 12
+    assert saved["units"] == 12 * saved["identity"]["batch_size"]  # what the harvester reads
 
     task = _new("image", total_batches=12)
     while not task.finished():

@@ -299,7 +299,7 @@ class Manager:
         if live.ckpt.exists():
             try:
                 data = json.loads(live.ckpt.read_text())
-                live.units = float(data.get("units", data.get("done", live.units)))
+                live.units = float(data.get("units", live.units))  # an imperative task may report "units"
             except (ValueError, UnicodeDecodeError):
                 pass
             with self.db_lock:

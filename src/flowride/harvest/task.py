@@ -55,7 +55,8 @@ class ImperativeSpec:
     """A free-form side task: ``main(params, checkpoint_path)`` run as its own process.
 
     ``main`` should save its progress to ``checkpoint_path`` when it receives SIGTERM (and may do
-    so periodically); on restart it is called again with the same path and resumes from it.
+    so periodically); on restart it is called again with the same path and resumes from it. A JSON
+    checkpoint with a ``units`` key tells the harvester how much work is done.
     """
 
     name: str

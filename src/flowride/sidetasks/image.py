@@ -261,6 +261,7 @@ def image_proc_main(params: dict[str, Any], checkpoint_path: str) -> None:
                 "task": "image-proc",
                 "identity": cfg.identity(),
                 "next_batch": next_batch,
+                "units": next_batch * cfg.batch_size,  # images processed so far (for the harvester)
                 "checksum": checksum,
                 "done": next_batch >= cfg.total_batches,
                 "starts": starts,
