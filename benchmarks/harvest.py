@@ -38,6 +38,7 @@ def main() -> None:
     modes = a.modes.split(",")
     tasksets = {k: TASKSETS[k] for k in a.tasks.split(",")}
     rows: dict[tuple, list[dict]] = {}
+    nones: dict[int, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmpd = Path(tmp)
         profiles = profiles_for(sorted({t for ts in tasksets.values() for t in ts}), tmpd / "profiles.json")
@@ -45,6 +46,8 @@ def main() -> None:
             cfg = TrainConfig(schedule="1f1b", stages=2, microbatches=m, model=a.model, iters=a.iters, pin_cores=True)
             for r in range(a.repeats):
                 base = train(replace(cfg, run_dir=str(tmpd / f"none-{m}-{r}")))
+                nones.setdefault(m, []).append(base.report()["iteration_time_s"])
+                print(m, "none", r, f"iteration {base.report()['iteration_time_s'] * 1e3:.1f} ms", flush=True)
                 prof = tmpd / f"bubbles-{m}-{r}.json"
                 prof.write_text(json.dumps(base.profile()))
                 order = modes[r % len(modes):] + modes[: r % len(modes)]  # rotate against drift
@@ -58,6 +61,9 @@ def main() -> None:
                               f"savings {h['cost']['savings']:+.4f}", f"identical {h['losses_identical']}",
                               f"failures {len(h['failures'])}", flush=True)
     print()
+    for m, ts in nones.items():  # how much the baseline itself moves between repeats
+        med = statistics.median(ts)
+        print(f"m={m}: none iteration ms median {med * 1e3:.1f}, spread {(min(ts) / med - 1) * 100:+.1f}%..{(max(ts) / med - 1) * 100:+.1f}%")
     header = "| m | tasks | mode | overhead % (median) | overhead % (min..max) | harvest efficiency | value term | savings | losses identical |"
     if a.markdown:
         print(f"CPU only: {platform.machine()}, torch {torch.__version__}, p=2 1F1B, model {a.model}, {a.iters} iterations "
