@@ -300,3 +300,21 @@ def test_memory_limit_kill_during_training_leaves_training_untouched(tmp_path):
     assert [f["reason"] for f in record["failures"]] == ["out of memory (limit 1500 MB)"]
     assert res.report()["losses"] == base.report()["losses"]  # training is unaffected
     assert any(st["name"].endswith("Counter") for st in record["steps"])  # the other task kept working
+
+
+def test_task_restored_already_done_finishes(tmp_path):
+    """A kill -9 between a task's last checkpoint and its FINISHED state: the restart finishes it."""
+    import pickle
+
+    st = TaskStore.in_run_dir(tmp_path)
+    tid = st.submit(f"{FAKE}:Counter", {"total": 3})
+    st.transition(tid, TaskState.CREATED)
+    st.transition(tid, TaskState.RUNNING)
+    st.save_checkpoint(tid, pickle.dumps({"i": 3}), 3, 3.0)
+    proc, _ = start_manager(tmp_path, 1, "naive", {})
+    try:
+        wait_for(lambda: TaskStore.in_run_dir(tmp_path).get(tid).state is TaskState.FINISHED, timeout=60)
+    finally:
+        stop_manager(proc, tmp_path)
+    rec = TaskStore.in_run_dir(tmp_path).get(tid)
+    assert rec.units == 3 and rec.restarts == 1

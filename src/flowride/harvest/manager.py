@@ -245,6 +245,8 @@ class Manager:
             live.ready = True
             live.finished = bool(ev["finished"])
             self._set_state(live, TaskState.PAUSED)
+            if live.finished:  # resumed from a checkpoint taken after its last step
+                self._finish(live)
         elif kind == "step":
             live.steps += 1
             live.units += float(ev["units"])
