@@ -270,19 +270,25 @@ class Manager:
         elif kind == "saved":
             live.saving = False
             live.last_ckpt = time.monotonic()
-            if live.ckpt.exists():
-                with self.db_lock:
-                    self.store.save_checkpoint(live.rec.id, live.ckpt.read_bytes(), live.steps, live.units)
+            self._store_checkpoint(live)
 
-    def _finish(self, live: Live) -> None:
+    def _store_checkpoint(self, live: Live) -> None:
+        """Copy the task's checkpoint file into the durable store."""
+        if live.ckpt.exists():
+            with self.db_lock:
+                self.store.save_checkpoint(live.rec.id, live.ckpt.read_bytes(), live.steps, live.units)
+
+    def _stop_host(self, live: Live) -> None:
+        """Ask an iterative host to save and exit (killed if it will not), then keep its state."""
         self._send(live, {"cmd": "stop"})
         try:
             live.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             live.proc.kill()
-        if live.ckpt.exists():
-            with self.db_lock:
-                self.store.save_checkpoint(live.rec.id, live.ckpt.read_bytes(), live.steps, live.units)
+        self._store_checkpoint(live)
+
+    def _finish(self, live: Live) -> None:
+        self._stop_host(live)
         self._set_state(live, TaskState.FINISHED)
         self._progress(live)
         self.live.pop(live.rec.id, None)
@@ -304,8 +310,7 @@ class Manager:
                 live.units = float(data.get("units", live.units))  # an imperative task may report "units"
             except (ValueError, UnicodeDecodeError):
                 pass
-            with self.db_lock:
-                self.store.save_checkpoint(live.rec.id, live.ckpt.read_bytes(), live.steps, live.units)
+            self._store_checkpoint(live)
 
     # ------------------------------------------------------------------ loops
     def _stage_loop(self, stage: int) -> None:
@@ -407,14 +412,7 @@ class Manager:
                         os.kill(live.proc.pid, signal.SIGUSR1)
                     except ProcessLookupError:
                         pass
-                self._send(live, {"cmd": "stop"})
-                try:
-                    live.proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    live.proc.kill()
-                if live.ckpt.exists():
-                    with self.db_lock:
-                        self.store.save_checkpoint(live.rec.id, live.ckpt.read_bytes(), live.steps, live.units)
+                self._stop_host(live)
             elif live.proc.poll() is None:
                 os.kill(live.proc.pid, signal.SIGCONT)
                 live.proc.terminate()
