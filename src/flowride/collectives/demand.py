@@ -8,6 +8,13 @@ destination each.
 Sizes follow TE-CCL: ``size`` is the output buffer per GPU; each of the topology's
 ``buffer_ranks`` contributes ``size / buffer_ranks`` bytes (AllGather) or sends that much to each
 peer (AlltoAll), split into ``chunks`` chunks of ``size / buffer_ranks / chunks`` bytes.
+
+Reductions (sum): in ReduceScatter GPU d ends with the sum, over every GPU, of block d of their
+inputs; in AllReduce every GPU ends with the sum of every block. A commodity of a reducing
+collective is (block owner d, chunk c); every GPU holds a contribution to it from the start, and
+its destinations must end with *all* contributions combined, each exactly once. ``size`` is the
+input buffer per GPU (ReduceScatter) or the buffer per GPU (AllReduce), so chunk sizes match the
+AllGather whose schedule is run backwards to build them.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from flowride.topology.model import Topology
 class Collective(StrEnum):
     ALLGATHER = "allgather"
     ALLTOALL = "alltoall"
+    REDUCESCATTER = "reducescatter"
+    ALLREDUCE = "allreduce"
 
     @classmethod
     def parse(cls, text: str) -> Collective:
@@ -34,12 +43,17 @@ class Collective(StrEnum):
     @property
     def multicast(self) -> bool:
         """Whether a commodity has several destinations (copies pay off)."""
-        return self is Collective.ALLGATHER
+        return self in (Collective.ALLGATHER, Collective.ALLREDUCE)
+
+    @property
+    def reduces(self) -> bool:
+        """Whether GPUs combine (sum) contributions instead of only moving chunks."""
+        return self in (Collective.REDUCESCATTER, Collective.ALLREDUCE)
 
 
 @dataclass(frozen=True)
 class Commodity:
-    source: int  # node id of the source GPU
+    source: int  # node id of the source GPU (of a reducing collective: the block's owner)
     chunk: int  # chunk index within the source's input buffer
     dests: tuple[int, ...]  # node ids of the GPUs that must receive it
 
@@ -81,6 +95,12 @@ def make_demand(topo: Topology, collective: Collective | str, size_bytes: int, c
         for s in gpus:
             dests = tuple(d for d in gpus if d != s)
             comms.extend(Commodity(s, c, dests) for c in range(chunks))
+    elif coll is Collective.REDUCESCATTER:
+        for d in gpus:
+            comms.extend(Commodity(d, c, (d,)) for c in range(chunks))
+    elif coll is Collective.ALLREDUCE:
+        for d in gpus:
+            comms.extend(Commodity(d, c, tuple(gpus)) for c in range(chunks))
     else:
         for s in gpus:
             for di, d in enumerate(gpus):

@@ -1,7 +1,10 @@
 """A schedule as plain, versioned data: the epoch length, the topology, and every send.
 
 A send is (epoch, link, source GPU, chunk): in ``epoch`` the tail of ``link`` puts chunk
-``chunk`` of GPU ``source``'s input on the link. Everything else (what each GPU holds when, the
+``chunk`` of GPU ``source``'s input on the link. In a reducing collective (ReduceScatter,
+AllReduce) ``source`` names the block's owner and the sender puts its partial sum of (block,
+chunk) on the link; ``reduce`` says the receiver adds it to its own partial (MSCCL's rrc), not
+overwrites it (a copy, as in AllReduce's gather phase). Everything else (what each GPU holds when, the
 finish time) follows from replaying the sends in :mod:`flowride.schedule.simulate`.
 """
 
@@ -21,12 +24,13 @@ from flowride.topology.timing import EpochTiming, epoch_timing
 SCHEMA = "flowride.schedule/1"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Send:
     epoch: int
     link: int
     source: int
     chunk: int
+    reduce: bool = False
 
 
 @dataclass
@@ -55,7 +59,7 @@ class Schedule:
             demand.size_bytes,
             demand.chunks,
             tau,
-            [Send(*map(int, s)) for s in sends],
+            [s if isinstance(s, Send) else Send(*map(int, s[:4]), *(bool(x) for x in s[4:])) for s in sends],
             dict(meta or {}),
         )
 
@@ -67,7 +71,7 @@ class Schedule:
             "chunks": self.chunks,
             "epoch_duration_s": self.tau,
             "topology": topology_to_dict(self.topology),
-            "sends": [[s.epoch, s.link, s.source, s.chunk] for s in self.sends],
+            "sends": [[s.epoch, s.link, s.source, s.chunk, 1] if s.reduce else [s.epoch, s.link, s.source, s.chunk] for s in self.sends],
             "meta": self.meta,
         }
 
@@ -86,15 +90,17 @@ class Schedule:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(key, f"{v!r} is not a positive integer", "regenerate the schedule with flowride synth")
         if not isinstance(data["sends"], list):
-            raise InputError("sends", f"is a {type(data['sends']).__name__}, not a list", "give a list of [epoch, link, source, chunk]")
+            raise InputError("sends", f"is a {type(data['sends']).__name__}, not a list", "give a list of [epoch, link, source, chunk(, reduce)]")
         meta = data.get("meta") or {}
         if not isinstance(meta, dict):
             raise InputError("meta", f"is a {type(meta).__name__}, not an object", "give an object or leave it out")
         sends = []
         for i, s in enumerate(data["sends"]):
-            if not (isinstance(s, list) and len(s) == 4 and all(isinstance(v, int) and not isinstance(v, bool) for v in s)):
-                raise InputError(f"sends[{i}]", f"{s!r} is not [epoch, link, source, chunk]", "use four integers")
-            sends.append(Send(*s))
+            if not (isinstance(s, list) and len(s) in (4, 5) and all(isinstance(v, int) and not isinstance(v, bool) for v in s)):
+                raise InputError(f"sends[{i}]", f"{s!r} is not [epoch, link, source, chunk] or [..., reduce]", "use four integers, and a fifth (1) for a reduction")
+            if len(s) == 5 and s[4] not in (0, 1):
+                raise InputError(f"sends[{i}][4]", f"{s[4]!r} is not 0 or 1", "use 1 for a reduction, 0 or nothing for a copy")
+            sends.append(Send(*s[:4], bool(s[4]) if len(s) == 5 else False))
         tau = data["epoch_duration_s"]
         if not isinstance(tau, int | float) or not tau > 0:
             raise InputError("epoch_duration_s", f"{tau!r} is not a positive number", "give seconds above zero")

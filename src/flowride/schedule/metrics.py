@@ -5,6 +5,13 @@
   chunk, copies are made inside; for AlltoAll once per destination);
 - latency: the alpha of the lowest-latency path between the farthest source/destination pair.
 The largest is the floor a schedule is measured against.
+
+Reducing collectives are bounded by duality: a ReduceScatter run backwards in time is an AllGather
+on the reversed links (each reduction becomes a copy), so its floor is the AllGather floor with
+in-links and out-links swapped: every GPU must send its contribution to each other block out
+(egress), and each block owned outside a group must leave the group once (cut). AllReduce is at
+least its ReduceScatter and its AllGather (we take the larger; the sum is not a valid floor when the
+two phases overlap on different links).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra
 
-from flowride.collectives.demand import Collective, Demand
+from flowride.collectives.demand import Collective, Demand, make_demand
 from flowride.topology.model import Topology
 
 
@@ -42,11 +49,17 @@ def entering(demand: Demand, inside: frozenset[int]) -> int:
             continue
         k = sum(1 for d in q.dests if d in inside)
         if k:
-            n += 1 if demand.collective is Collective.ALLGATHER else k
+            n += 1 if demand.collective.multicast else k
     return n
 
 
 def lower_bounds(topo: Topology, demand: Demand) -> Bounds:
+    if demand.collective is Collective.ALLREDUCE:
+        rs = lower_bounds(topo, make_demand(topo, Collective.REDUCESCATTER, demand.size_bytes, demand.chunks))
+        ag = lower_bounds(topo, make_demand(topo, Collective.ALLGATHER, demand.size_bytes, demand.chunks))
+        return Bounds(max(rs.ingress_s, ag.ingress_s), max(rs.cut_s, ag.cut_s), max(rs.latency_s, ag.latency_s))
+    if demand.collective is Collective.REDUCESCATTER:
+        return _reduce_scatter_bounds(topo, demand)
     cb = demand.chunk_bytes
     ingress = 0.0
     for g, need in demand.needs().items():
@@ -59,15 +72,42 @@ def lower_bounds(topo: Topology, demand: Demand) -> Bounds:
             continue
         bw = sum(lk.bytes_per_s for lk in topo.links if lk.dst in s and lk.src not in s)
         cut = max(cut, n * cb / bw)
-    src = np.array([lk.src for lk in topo.links])
-    dst = np.array([lk.dst for lk in topo.links])
-    w = np.array([lk.alpha_s for lk in topo.links]) + 1e-15
-    A = dijkstra(sp.csr_matrix((w, (src, dst)), shape=(topo.num_nodes,) * 2), directed=True)
+    A = _alpha_distances(topo)
     lat = 0.0
     for q in demand.commodities:
         for d in q.dests:
             lat = max(lat, float(A[q.source, d]))
     return Bounds(ingress, cut, max(0.0, lat - 1e-12))
+
+
+def _alpha_distances(topo: Topology) -> np.ndarray:
+    src = np.array([lk.src for lk in topo.links])
+    dst = np.array([lk.dst for lk in topo.links])
+    w = np.array([lk.alpha_s for lk in topo.links]) + 1e-15
+    return dijkstra(sp.csr_matrix((w, (src, dst)), shape=(topo.num_nodes,) * 2), directed=True)
+
+
+def _reduce_scatter_bounds(topo: Topology, demand: Demand) -> Bounds:
+    """The AllGather bounds on the reversed links: egress, cut leaving a group, latency to the owner."""
+    cb = demand.chunk_bytes
+    gpus = topo.gpus
+    blocks = len(gpus) - 1
+    egress = 0.0
+    for g in gpus:
+        bw = sum(topo.links[li].bytes_per_s for li in topo.out_links(g))
+        egress = max(egress, blocks * demand.chunks * cb / bw)
+    cut = 0.0
+    for s in topo.cut_sets():
+        if not any(g in s for g in gpus):
+            continue
+        n = sum(1 for q in demand.commodities if q.source not in s)
+        if n == 0:
+            continue
+        bw = sum(lk.bytes_per_s for lk in topo.links if lk.src in s and lk.dst not in s)
+        cut = max(cut, n * cb / bw)
+    A = _alpha_distances(topo)
+    lat = max((float(A[g, q.source]) for q in demand.commodities for g in gpus if g != q.source), default=0.0)
+    return Bounds(egress, cut, max(0.0, lat - 1e-12))
 
 
 def algbw_GBps(size_bytes: float, seconds: float) -> float:

@@ -5,6 +5,13 @@ before it is held (a GPU) or forwarded in another epoch than it arrived (a switc
 cannot copy sends out no more than came in); no link exceeds its capacity in any window of b+1
 epochs; every demand is met. The finish time is the epoch at whose start the last needed chunk
 is held, times tau.
+
+Reducing collectives (ReduceScatter, AllReduce) are replayed with the contributions each partial
+sum carries (:func:`_simulate_reduce`): a send carries the sender's partial as it stands when the
+send starts; a reducing receive adds it, and is an error if any contribution would be counted
+twice; a copy overwrites. A switch cannot add, so it forwards each partial it receives as its own
+message. A GPU that forwards before it has combined everything it should have is caught at the
+end: its destination then lacks a contribution (or, if the rest follows later, counts one twice).
 """
 
 from __future__ import annotations
@@ -29,7 +36,31 @@ class SimResult:
         return self.violations[0] if self.violations else None
 
 
+def check_capacity(schedule: Schedule, sends, bad) -> None:
+    """No link starts more chunks than its window capacity in any b+1 consecutive epochs (counting
+    ``sends``, the ones that passed the other checks, so one bad send is reported once)."""
+    timing = schedule.timing
+    links = schedule.topology.links
+    use: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for s in sends:
+        use[s.link][s.epoch] += 1
+    for li in sorted(use):
+        b = int(timing.beta_epochs[li])
+        cap = int(timing.window_cap[li])
+        per = use[li]
+        lk = links[li]
+        for k in sorted(per):
+            for start in range(k - b, k + 1):
+                n = sum(per.get(j, 0) for j in range(start, start + b + 1))
+                if n > cap:
+                    span = f"epoch {start}" if b == 0 else f"epochs {start}..{start + b}"
+                    bad(f"link {li} ({lk.src}->{lk.dst}) carries {n} chunks in {span}, capacity {cap}")
+                    break
+
+
 def simulate(schedule: Schedule, max_violations: int = 50) -> SimResult:
+    if schedule.collective.reduces:
+        return _simulate_reduce(schedule, max_violations)
     topo = schedule.topology
     demand = schedule.demand
     timing = schedule.timing
@@ -45,7 +76,7 @@ def simulate(schedule: Schedule, max_violations: int = 50) -> SimResult:
     hold: dict[tuple[int, int, int], int] = {}  # (source, chunk, gpu) -> epoch held from
     at_switch: dict[tuple[int, int, int, int], int] = defaultdict(int)  # (s, c, switch, epoch) -> arrivals
     switch_out: dict[tuple[int, int, int, int], int] = defaultdict(int)
-    use: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    accepted: list = []
 
     def order(s):
         lk = s.link if 0 <= s.link < len(links) else None
@@ -67,6 +98,9 @@ def simulate(schedule: Schedule, max_violations: int = 50) -> SimResult:
             continue
         if s.epoch < 0:
             bad(f"{where}: negative epoch")
+            continue
+        if s.reduce:
+            bad(f"{where}: a reduction in a {demand.collective.value}, which only moves chunks")
             continue
         if (s.source, s.chunk) not in commodities:
             bad(f"{where}: GPU {s.source} has no chunk {s.chunk} in this {demand.collective.value}")
@@ -90,7 +124,7 @@ def simulate(schedule: Schedule, max_violations: int = 50) -> SimResult:
             if not nodes[u].copy and switch_out[key] > arrived:
                 bad(f"{where}: switch {u} cannot copy, yet sends ({s.source},{s.chunk}) {switch_out[key]} times with {arrived} arrival(s)")
                 continue
-        use[s.link][s.epoch] += 1
+        accepted.append(s)
         t = timing.arrival(s.link, s.epoch)
         if nodes[v].is_gpu:
             key3 = (s.source, s.chunk, v)
@@ -99,18 +133,7 @@ def simulate(schedule: Schedule, max_violations: int = 50) -> SimResult:
         else:
             at_switch[(s.source, s.chunk, v, t)] += 1
 
-    for li in sorted(use):
-        b = int(timing.beta_epochs[li])
-        cap = int(timing.window_cap[li])
-        per = use[li]
-        lk = links[li]
-        for k in sorted(per):
-            for start in range(k - b, k + 1):
-                n = sum(per.get(j, 0) for j in range(start, start + b + 1))
-                if n > cap:
-                    span = f"epoch {start}" if b == 0 else f"epochs {start}..{start + b}"
-                    bad(f"link {li} ({lk.src}->{lk.dst}) carries {n} chunks in {span}, capacity {cap}")
-                    break
+    check_capacity(schedule, accepted, bad)
 
     last = 0
     for q in demand.commodities:
@@ -123,3 +146,118 @@ def simulate(schedule: Schedule, max_violations: int = 50) -> SimResult:
     valid = not violations
     epochs = last if valid else None
     return SimResult(valid, violations, epochs, epochs * timing.tau if valid else None, timing.tau, hold)
+
+
+def _names(mask: int, gpus: list[int]) -> str:
+    return ", ".join(str(g) for i, g in enumerate(gpus) if mask >> i & 1)
+
+
+def _simulate_reduce(schedule: Schedule, max_violations: int) -> SimResult:
+    """Replay a ReduceScatter / AllReduce, tracking which GPUs' contributions each partial holds."""
+    topo = schedule.topology
+    demand = schedule.demand
+    timing = schedule.timing
+    nodes, links = topo.nodes, topo.links
+    gpus = list(topo.gpus)
+    bit = {g: 1 << i for i, g in enumerate(gpus)}
+    full = (1 << len(gpus)) - 1
+    commodities = {(q.source, q.chunk) for q in demand.commodities}
+    violations: list[str] = []
+
+    def bad(msg: str) -> None:
+        if len(violations) < max_violations:
+            violations.append(msg)
+
+    part: dict[tuple[int, int, int], int] = {}  # (block, chunk, gpu) -> contributions held (bitmask)
+
+    def held(d: int, c: int, g: int) -> int:
+        return part.get((d, c, g), bit[g])
+
+    # (block, chunk, gpu) -> epoch its partial became complete (a single GPU starts complete)
+    complete: dict[tuple[int, int, int], int] = {(d, c, g): 0 for (d, c) in commodities for g in gpus} if len(gpus) == 1 else {}
+    # arrivals not yet applied: (epoch, seq, node, block, chunk, mask, reduce, in-link)
+    pending: list[tuple[int, int, int, int, int, int, bool, int]] = []
+    at_switch: dict[tuple[int, int, int, int], list[tuple[int, int, bool]]] = defaultdict(list)
+    taken: dict[tuple[int, int, int, int], int] = defaultdict(int)
+    seq = 0
+    accepted: list = []
+
+    def apply(t: int, v: int, d: int, c: int, mask: int, reduce: bool, li: int) -> None:
+        if not nodes[v].is_gpu:
+            at_switch[(d, c, v, t)].append((li, mask, reduce))
+            return
+        cur = held(d, c, v)
+        if reduce:
+            if cur & mask:
+                bad(f"GPU {v} adds contributions of GPU(s) {_names(cur & mask, gpus)} to (block {d}, chunk {c}) twice (epoch {t})")
+                return
+            cur |= mask
+        else:
+            cur = mask
+        part[(d, c, v)] = cur
+        if cur == full:
+            complete.setdefault((d, c, v), t)
+        else:
+            complete.pop((d, c, v), None)
+
+    by_epoch: dict[int, list] = defaultdict(list)
+    for s in schedule.sends:
+        where = f"send (epoch {s.epoch}, link {s.link}, block {s.source}, chunk {s.chunk})"
+        if not 0 <= s.link < len(links):
+            bad(f"{where}: no link {s.link} in {topo.name} ({len(links)} links)")
+        elif s.epoch < 0:
+            bad(f"{where}: negative epoch")
+        elif (s.source, s.chunk) not in commodities:
+            bad(f"{where}: there is no (block {s.source}, chunk {s.chunk}) in this {demand.collective.value}")
+        else:
+            by_epoch[s.epoch].append(s)
+    for e in sorted(by_epoch):
+        pending.sort()
+        while pending and pending[0][0] <= e:
+            t, _, v, d, c, mask, reduce, li = pending.pop(0)
+            apply(t, v, d, c, mask, reduce, li)
+        # switches forward what arrives this epoch: the i-th send out (by link) takes the i-th
+        # arrival (by link) of that (block, chunk); a copy-capable switch may copy a plain copy
+        sends = sorted(by_epoch[e], key=lambda s: (nodes[links[s.link].src].is_gpu, s.link))
+        for s in sends:
+            where = f"send (epoch {s.epoch}, link {s.link}, block {s.source}, chunk {s.chunk})"
+            u, v = links[s.link].src, links[s.link].dst
+            if nodes[u].is_gpu:
+                mask = held(s.source, s.chunk, u)
+            else:
+                key = (s.source, s.chunk, u, e)
+                queue = sorted(at_switch.get(key, []))
+                n = taken[key]
+                taken[key] += 1
+                if not queue:
+                    bad(f"{where}: switch {u} forwards (block {s.source}, chunk {s.chunk}) that does not arrive in epoch {e}")
+                    continue
+                if n >= len(queue):
+                    if s.reduce or any(r for _, _, r in queue) or not nodes[u].copy:
+                        bad(f"{where}: switch {u} sends (block {s.source}, chunk {s.chunk}) {n + 1} times with {len(queue)} arrival(s); a switch cannot copy a partial sum")
+                        continue
+                    n = 0
+                _, mask, was_reduce = queue[n]
+                if was_reduce != s.reduce:
+                    bad(f"{where}: switch {u} turns a {'reduction' if was_reduce else 'copy'} into a {'reduction' if s.reduce else 'copy'}")
+                    continue
+            seq += 1
+            accepted.append(s)
+            pending.append((timing.arrival(s.link, e), seq, v, s.source, s.chunk, mask, s.reduce, s.link))
+    pending.sort()
+    for t, _, v, d, c, mask, reduce, li in pending:
+        apply(t, v, d, c, mask, reduce, li)
+
+    check_capacity(schedule, accepted, bad)
+    last = 0
+    for q in demand.commodities:
+        for g in q.dests:
+            h = complete.get((q.source, q.chunk, g))
+            if h is None:
+                missing = full & ~held(q.source, q.chunk, g)
+                bad(f"demand not met: GPU {g} lacks the contributions of GPU(s) {_names(missing, gpus)} to (block {q.source}, chunk {q.chunk})")
+            else:
+                last = max(last, h)
+    valid = not violations
+    epochs = last if valid else None
+    return SimResult(valid, violations, epochs, epochs * timing.tau if valid else None, timing.tau, dict(complete))

@@ -21,7 +21,7 @@ from flowride.topology.timing import EpochTiming
 Send = tuple[int, int, int, int]  # (epoch, link, source GPU, chunk)
 
 
-class _LinkBook:
+class LinkBook:
     """Chunks started per (link, epoch), checked against every b+1 window."""
 
     def __init__(self, timing: EpochTiming) -> None:
@@ -62,7 +62,7 @@ class GreedyScheduler:
     def __init__(self, topo: Topology, timing: EpochTiming) -> None:
         self.topo = topo
         self.timing = timing
-        self.book = _LinkBook(timing)
+        self.book = LinkBook(timing)
         self.pred = _routes(topo, timing)
         self.hold: dict[tuple[int, int, int], int] = {}  # (source, chunk, gpu) -> epoch held
         self.sends: list[Send] = []

@@ -166,5 +166,12 @@ class Topology:
         everything = frozenset(range(self.num_nodes))
         return [s for members in groups.values() for s in (members, everything - members)]
 
+    def reversed(self) -> Topology:
+        """Every link turned around (same bandwidth and latency). A ReduceScatter on this topology
+        is an AllGather on its reverse run backwards in time, so reductions are synthesized there."""
+        from dataclasses import replace
+
+        return replace(self, links=tuple(Link(lk.dst, lk.src, lk.bandwidth_GBps, lk.alpha_s) for lk in self.links))
+
     def summary(self) -> str:
         return f"{self.name}: {len(self.gpus)} GPUs, {len(self.switches)} switches, {len(self.links)} links"
