@@ -127,10 +127,25 @@ def cmd_synth(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_verify(a: argparse.Namespace) -> int:
-    from flowride.schedule import load_schedule, lower_bounds, simulate
+def _is_xml(path: str) -> bool:
+    return Path(path).suffix.lower() == ".xml"
 
-    sched = load_schedule(a.schedule)
+
+def _load_any_schedule(path: str):
+    """A flowride schedule JSON, or an MSCCL algorithm XML turned into one (on a full mesh)."""
+    from flowride.schedule import load_schedule
+
+    if _is_xml(path):
+        from flowride.schedule.msccl import program_to_schedule, read_msccl
+
+        return program_to_schedule(read_msccl(path))
+    return load_schedule(path)
+
+
+def cmd_verify(a: argparse.Namespace) -> int:
+    from flowride.schedule import lower_bounds, simulate
+
+    sched = _load_any_schedule(a.schedule)
     sim = simulate(sched)
     if not sim.valid:
         print(f"invalid: {sim.first_violation}", file=sys.stderr)
@@ -142,6 +157,91 @@ def cmd_verify(a: argparse.Namespace) -> int:
         f"valid: {len(sched.sends)} sends, {sim.epochs} epochs, finish {sim.finish_time_s * 1e6:.3f} us "
         f"(lower bound {lb * 1e6:.3f} us)"
     )
+    return 0
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    from flowride.schedule import load_schedule
+    from flowride.schedule.msccl import write_msccl
+    from flowride.schedule.program import lower
+
+    if not a.msccl:
+        raise InputError("--msccl", "no output given", "name the XML file to write, e.g. --msccl algo.xml")
+    sched = load_schedule(a.schedule)
+    prog = lower(sched)
+    write_msccl(prog, a.msccl, unfused=a.unfused, proto=a.proto)
+    steps = sum(len(g.steps) for g in prog.gpus)
+    kind = "unfused (s/r/rrc/nop)" if a.unfused else "MSCCL"
+    console.print(f"{kind} algorithm for {prog.collective.value} on {prog.ngpus} GPUs, {steps} steps, written to {a.msccl}")
+    return 0
+
+
+def cmd_show(a: argparse.Namespace) -> int:
+    from flowride.schedule import simulate
+    from flowride.schedule.timeline import write_png, write_trace
+
+    if not (a.png or a.trace):
+        raise InputError("--png/--trace", "nothing to write", "give --png out.png and/or --trace out.json")
+    sched = _load_any_schedule(a.schedule)
+    sim = simulate(sched)
+    if a.png:
+        write_png(sched, a.png, title=f"{sched.topology.name} {sched.collective.value}")
+        console.print(f"link utilisation written to {a.png}")
+    if a.trace:
+        write_trace(sched, a.trace)
+        console.print(f"Chrome trace (open in ui.perfetto.dev) written to {a.trace}")
+    state = f"valid, {sim.epochs} epochs, {sim.finish_time_s * 1e6:.3f} us" if sim.valid else f"INVALID: {sim.first_violation}"
+    console.print(f"{len(sched.sends)} sends on {len(sched.topology.links)} links; {state}")
+    return 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flowride.comm.launch import run_schedule
+    from flowride.schedule.program import lower
+
+    if _is_xml(a.schedule):
+        from flowride.schedule.msccl import read_msccl
+
+        target = read_msccl(a.schedule)
+    else:
+        from flowride.schedule import load_schedule
+
+        target = lower(load_schedule(a.schedule))
+    size = parse_size(a.size, "--size") if a.size else None
+    for flag, v in (("--repeats", a.repeats), ("--timeout", a.timeout)):
+        if v is not None and not v > 0:
+            raise InputError(flag, f"{v} is not positive", "give a number above zero")
+    if a.warmup < 0:
+        raise InputError("--warmup", f"{a.warmup} is negative", "give 0 or more")
+    with Progress(TextColumn("[bold]run[/bold] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task(f"{target.collective.value} on {target.ngpus} ranks", total=None)
+
+        def on_progress(ev: dict) -> None:
+            total = ev.get("total")
+            if total:
+                bar.update(task, total=total, completed=ev.get("done", 0), description=ev.get("stage", "repeats"))
+
+        res = run_schedule(target, size_bytes=size, repeats=a.repeats, warmup=a.warmup, timeout_s=a.timeout, barrier_per_epoch=a.barrier_per_epoch, progress=on_progress)
+    rep = res.report()
+    if a.report:
+        Path(a.report).write_text(json.dumps(rep, indent=1) + "\n")
+    if not res.ok:
+        for e in res.errors[:10]:
+            print(f"wrong: {e}", file=sys.stderr)
+        if len(res.errors) > 10:
+            err.print(f"({len(res.errors) - 10} more)")
+        return 1
+    t = Table(title=f"flowride run: {rep['collective']} on {rep['ranks']} ranks ({rep['backend']}, {rep['device']})")
+    t.add_column("")
+    t.add_column("value", justify="right")
+    t.add_row("buffer per rank", format_size(rep["size_bytes"]))
+    t.add_row("schedule (median)", f"{rep['ours_median_s'] * 1e3:.3f} ms")
+    t.add_row("torch.distributed (median)", f"{rep['torch_median_s'] * 1e3:.3f} ms")
+    t.add_row("ratio ours/torch", f"{rep['ratio']:.2f}")
+    t.add_row("output", "equal to torch.distributed and the definition" if rep["correct"] else "WRONG")
+    console.print(t)
     return 0
 
 
@@ -484,8 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("synth", help="synthesize a verified collective schedule")
     _topology_args(s)
-    s.add_argument("--collective", "-c", default="allgather", help="allgather or alltoall")
-    s.add_argument("--size", "-s", required=True, help="output buffer per GPU, e.g. 16MB, 1GiB")
+    s.add_argument("--collective", "-c", default="allgather", help="allgather, alltoall, reducescatter or allreduce")
+    s.add_argument("--size", "-s", required=True, help="buffer per GPU (AllGather output, ReduceScatter input), e.g. 16MB, 1GiB")
     s.add_argument("--epoch", default="fast", help="epoch length: fast, slow or seconds")
     s.add_argument("--chunks", type=int, default=1, help="chunks per source block")
     s.add_argument("--time-limit", type=float, help="seconds for the whole search; the best schedule so far is returned")
@@ -495,9 +595,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--report", help="write the report JSON here")
     s.set_defaults(func=cmd_synth)
 
-    v = sub.add_parser("verify", help="replay a schedule and check it")
+    v = sub.add_parser("verify", help="replay a schedule (JSON) or an MSCCL algorithm (XML) and check it")
     v.add_argument("schedule")
     v.set_defaults(func=cmd_verify)
+
+    ex = sub.add_parser("export", help="write a schedule as an MSCCL algorithm XML")
+    ex.add_argument("schedule")
+    ex.add_argument("--msccl", help="the XML file to write")
+    ex.add_argument("--unfused", action="store_true", help="only s, r, rrc and nop steps (what ASTRA-sim's converter reads)")
+    ex.add_argument("--proto", default="Simple", choices=["Simple", "LL128", "LL"], help="MSCCL protocol attribute")
+    ex.set_defaults(func=cmd_export)
+
+    sh = sub.add_parser("show", help="draw a schedule: link-utilisation PNG and/or Chrome trace")
+    sh.add_argument("schedule", help="schedule JSON or MSCCL XML")
+    sh.add_argument("--png", help="write a PNG of link utilisation over epochs")
+    sh.add_argument("--trace", help="write a Chrome-trace JSON (one track per link and per GPU)")
+    sh.set_defaults(func=cmd_show)
+
+    rn = sub.add_parser("run", help="execute a schedule over torch.distributed and check it against torch's collective")
+    rn.add_argument("schedule", help="schedule JSON or MSCCL XML")
+    rn.add_argument("--size", "-s", help="buffer per rank (default: the schedule's size)")
+    rn.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
+    rn.add_argument("--warmup", type=int, default=1, help="untimed repeats first")
+    rn.add_argument("--timeout", type=float, default=120.0, help="seconds before a silent or hung rank fails the run")
+    rn.add_argument("--barrier-per-epoch", action="store_true", help="synchronise all ranks after every epoch (default: point-to-point dependencies only)")
+    rn.add_argument("--report", help="write the report JSON here")
+    rn.set_defaults(func=cmd_run)
 
     t = sub.add_parser("topologies", help="list the built-in topologies")
     t.set_defaults(func=cmd_topologies)
