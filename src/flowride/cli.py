@@ -145,7 +145,13 @@ def _load_any_schedule(path: str):
 def cmd_verify(a: argparse.Namespace) -> int:
     from flowride.schedule import lower_bounds, simulate
 
-    sched = _load_any_schedule(a.schedule)
+    try:
+        sched = _load_any_schedule(a.schedule)
+    except InputError as e:
+        if e.field != "program":  # an unreadable file, not a wrong algorithm
+            raise
+        print(f"invalid: {e.problem}", file=sys.stderr)
+        return 1
     sim = simulate(sched)
     if not sim.valid:
         print(f"invalid: {sim.first_violation}", file=sys.stderr)
@@ -198,7 +204,7 @@ def cmd_show(a: argparse.Namespace) -> int:
 def cmd_run(a: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flowride.comm.launch import run_schedule
+    from flowride.comm.launch import CommFailed, run_schedule
     from flowride.schedule.program import lower
 
     if _is_xml(a.schedule):
@@ -219,11 +225,17 @@ def cmd_run(a: argparse.Namespace) -> int:
         task = bar.add_task(f"{target.collective.value} on {target.ngpus} ranks", total=None)
 
         def on_progress(ev: dict) -> None:
-            total = ev.get("total")
-            if total:
-                bar.update(task, total=total, completed=ev.get("done", 0), description=ev.get("stage", "repeats"))
+            kind = ev.get("event")
+            if kind in ("warmup", "repeat"):
+                bar.update(task, total=ev.get("of"), completed=ev.get("i", 0), description=f"{kind} {ev.get('i', 0)}/{ev.get('of')}")
+            elif kind in ("spawned", "check"):
+                bar.update(task, description=f"{kind}: {target.collective.value} on {target.ngpus} ranks")
 
-        res = run_schedule(target, size_bytes=size, repeats=a.repeats, warmup=a.warmup, timeout_s=a.timeout, barrier_per_epoch=a.barrier_per_epoch, progress=on_progress)
+        try:
+            res = run_schedule(target, size_bytes=size, repeats=a.repeats, warmup=a.warmup, timeout_s=a.timeout, barrier_per_epoch=a.barrier_per_epoch, progress=on_progress)
+        except CommFailed as e:
+            print(f"error: run failed: {e}", file=sys.stderr)
+            return 1
     rep = res.report()
     if a.report:
         Path(a.report).write_text(json.dumps(rep, indent=1) + "\n")
@@ -236,7 +248,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     t = Table(title=f"flowride run: {rep['collective']} on {rep['ranks']} ranks ({rep['backend']}, {rep['device']})")
     t.add_column("")
     t.add_column("value", justify="right")
-    t.add_row("buffer per rank", format_size(rep["size_bytes"]))
+    t.add_row("buffer per rank", f"{format_size(rep['actual_bytes'])} ({rep['chunks']} chunk(s) per block, {rep['repeats']} repeats)")
     t.add_row("schedule (median)", f"{rep['ours_median_s'] * 1e3:.3f} ms")
     t.add_row("torch.distributed (median)", f"{rep['torch_median_s'] * 1e3:.3f} ms")
     t.add_row("ratio ours/torch", f"{rep['ratio']:.2f}")
