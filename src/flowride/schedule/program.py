@@ -307,6 +307,8 @@ def check_program(prog: Program) -> list[str]:
     problems: list[str] = []
     bufs = [initial_buffers(prog, g.rank) for g in prog.gpus]
     sent: dict[int, Content] = {}
+    sender: dict[int, tuple[int, int]] = {}  # tag -> (sending rank, the peer it names)
+    received: set[int] = set()
     pos = [0] * prog.ngpus
     progress = True
     while progress and not problems:
@@ -322,11 +324,18 @@ def check_program(prog: Program) -> list[str]:
                 if st.op in ("s", "cpy", "rrc") and val is None:
                     problems.append(f"{where}: reads {st.src[0] if st.src else '?'}[{st.src[1] if st.src else '?'}] before anything is there")
                     break
+                if st.op in ("r", "rrc"):
+                    src_rank, names = sender[st.tag]
+                    if st.peer != src_rank or names != r:
+                        problems.append(f"{where}: transfer {st.tag} goes from rank {src_rank} to rank {names}, but this receive on rank {r} names peer {st.peer}")
+                        break
+                    received.add(st.tag)
                 if st.op == "s":
                     if st.tag in sent:
                         problems.append(f"{where}: transfer {st.tag} is sent twice")
                         break
                     sent[st.tag] = val
+                    sender[st.tag] = (r, st.peer)
                 elif st.op == "cpy":
                     bufs[r][st.dst] = val
                 elif st.op == "r":
@@ -346,6 +355,8 @@ def check_program(prog: Program) -> list[str]:
         stuck = [f"rank {g.rank} at step {pos[g.rank]}" for g in prog.gpus if pos[g.rank] < len(g.steps)]
         if stuck:
             problems.append("deadlock: a receive waits for a send that never comes (" + ", ".join(stuck) + ")")
+        for tag in sorted(set(sent) - received):
+            problems.append(f"rank {sender[tag][0]} sends transfer {tag} to rank {sender[tag][1]}, which never receives it")
     if problems:
         return problems
     for g in prog.gpus:

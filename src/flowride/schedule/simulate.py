@@ -219,9 +219,17 @@ def _simulate_reduce(schedule: Schedule, max_violations: int) -> SimResult:
         # switches forward what arrives this epoch: the i-th send out (by link) takes the i-th
         # arrival (by link) of that (block, chunk); a copy-capable switch may copy a plain copy
         sends = sorted(by_epoch[e], key=lambda s: (nodes[links[s.link].src].is_gpu, s.link))
+        drained = False
         for s in sends:
             where = f"send (epoch {s.epoch}, link {s.link}, block {s.source}, chunk {s.chunk})"
             u, v = links[s.link].src, links[s.link].dst
+            if nodes[u].is_gpu and not drained:
+                # a switch -> GPU hop may take no epoch: what the switches just delivered counts
+                drained = True
+                pending.sort()
+                while pending and pending[0][0] <= e:
+                    t, _, v2, d, c, mask, reduce, li = pending.pop(0)
+                    apply(t, v2, d, c, mask, reduce, li)
             if nodes[u].is_gpu:
                 mask = held(s.source, s.chunk, u)
             else:
@@ -233,8 +241,11 @@ def _simulate_reduce(schedule: Schedule, max_violations: int) -> SimResult:
                     bad(f"{where}: switch {u} forwards (block {s.source}, chunk {s.chunk}) that does not arrive in epoch {e}")
                     continue
                 if n >= len(queue):
-                    if s.reduce or any(r for _, _, r in queue) or not nodes[u].copy:
+                    if s.reduce or any(r for _, _, r in queue):
                         bad(f"{where}: switch {u} sends (block {s.source}, chunk {s.chunk}) {n + 1} times with {len(queue)} arrival(s); a switch cannot copy a partial sum")
+                        continue
+                    if not nodes[u].copy:
+                        bad(f"{where}: switch {u} cannot copy, yet sends (block {s.source}, chunk {s.chunk}) {n + 1} times with {len(queue)} arrival(s)")
                         continue
                     n = 0
                 _, mask, was_reduce = queue[n]

@@ -1,0 +1,285 @@
+"""Run a schedule on real processes on this machine, the torchrun way, and watch them.
+
+One process per GPU of the program: ``python -m flowride.comm.worker --program p.json --out dir``
+with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, each in its
+own session so its whole process group can be stopped. A rank that exits with an error stops the
+run at once (the first failure, by its error file's time or a signal, is the one named); a run
+that is still going at ``timeout_s`` is stopped and the rank that stalled is named from the state
+files the ranks keep fresh (the ranks blocked in a receive name who they wait for). No process is
+left behind in either case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from flowride.comm.result import EXIT_OK, EXIT_WRONG, RunResult
+from flowride.comm.serialize import check_structure, save_program
+from flowride.errors import InputError
+from flowride.schedule.ir import Schedule
+from flowride.schedule.program import Program, lower
+
+STALE_S = 3.0  # a state file older than this belongs to a rank that stopped running
+
+
+class CommFailed(RuntimeError):
+    """A rank crashed or the run hung; ``rank`` is the one to blame (None if unknown)."""
+
+    def __init__(self, rank: int | None, message: str, details: str = "") -> None:
+        self.rank, self.details = rank, details
+        super().__init__(message)
+
+
+def as_program(schedule_or_program: Schedule | Program) -> Program:
+    """A Program as is; a Schedule lowered (and verified by the simulator on the way)."""
+    if isinstance(schedule_or_program, Program):
+        return schedule_or_program
+    if isinstance(schedule_or_program, Schedule):
+        return lower(schedule_or_program)
+    raise InputError("schedule", f"a {type(schedule_or_program).__name__} is neither a Schedule nor a Program", "pass a schedule or lower() it first")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _stop(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
+    """SIGTERM every rank's process group, SIGKILL what is left after ``grace`` seconds."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+EXTERNAL_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _first_failure(run_dir: Path, bad: list[tuple[int, int]], exited_at: dict[int, float]) -> tuple[int, str]:
+    """The rank that failed first. A rank killed from outside (SIGKILL, SIGTERM: the OOM killer,
+    a user) is the cause, never an echo. Otherwise the earliest failure wins: an error file's time,
+    or, for a rank that left none (it aborted), when its exit was seen. Peers that fail because
+    the first one closed its connections fail after it."""
+    for rank, code in bad:
+        if code < 0 and -code in EXTERNAL_SIGNALS:
+            return rank, f"killed by signal {signal.Signals(-code).name}"
+    cands = []
+    for rank, code in bad:
+        e = _read(run_dir / f"rank{rank}.error")
+        if e:
+            cands.append((e["time"], rank, e["error"]))
+        else:
+            try:
+                why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+            except ValueError:
+                why = f"exit code {code}"
+            cands.append((exited_at.get(rank, time.time()), rank, why))
+    _, rank, msg = min(cands)
+    return rank, msg
+
+
+def _diagnose_hang(run_dir: Path, procs: list[subprocess.Popen], timeout_s: float) -> tuple[int | None, str]:
+    """Blame the ranks that are not waiting for a peer (busy or stopped) for a run that timed out."""
+    now = time.time()
+    suspects: list[tuple[int, str]] = []
+    waiting: list[str] = []
+    for r, p in enumerate(procs):
+        if p.poll() is not None:
+            continue
+        st = _read(run_dir / f"rank{r}.state")
+        if st is None:
+            suspects.append((r, "never reported (stuck starting up)"))
+        elif now - st["time"] > STALE_S:
+            suspects.append((r, f"stopped responding {now - st['time']:.0f} s ago, in the {st['phase']}"))
+        elif not st.get("waiting"):
+            suspects.append((r, f"hung in the {st['phase']}, not waiting for any peer"))
+        else:
+            waiting.append(f"rank {r} ({st['waiting']})")
+    head = f"run did not finish within {timeout_s:g} s"
+    tail = f"; waiting: {', '.join(waiting)}" if waiting else ""
+    if suspects:
+        desc = "; ".join(f"rank {r} {why}" for r, why in suspects)
+        return suspects[0][0], f"{head}: {desc}{tail}"
+    return None, f"{head}: every rank is waiting for another (a deadlock){tail}"
+
+
+def _pick_device(n: int, device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= n else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise InputError("device", f"{device!r} is unknown", "use auto, cpu or cuda")
+    if device == "cuda" and not (torch.cuda.is_available() and torch.cuda.device_count() >= n):
+        raise InputError("device", f"cuda needs {n} GPUs on this machine", "use device='cpu' (gloo), or torchrun across machines")
+    return device
+
+
+def run_schedule(schedule_or_program: Schedule | Program, size_bytes: int | None = None, repeats: int = 5,
+                 warmup: int = 1, timeout_s: float = 600.0, backend: str | None = None, barrier_per_epoch: bool = False,
+                 progress: Callable[[dict], None] | None = None, mode: str = "auto", device: str = "auto",
+                 env: dict[str, str] | None = None, run_dir: str | Path | None = None) -> RunResult:
+    """Execute the schedule on one local process per GPU and compare with torch.distributed.
+
+    ``size_bytes`` is the per-rank size in the schedule's convention (default: the schedule's
+    own): the AllGather output, the AlltoAll buffer, the ReduceScatter input, the AllReduce
+    buffer; the report gives the bytes that actually ran (whole float32 elements, at least one
+    per chunk). ``timeout_s`` bounds the whole run, start-up included. ``progress`` receives
+    dicts: ``{"event": "spawned", "ranks": N}``, ``{"event": "check", ...}``, ``{"event":
+    "warmup"|"repeat", "i": i, "of": n, ...}``, ``{"event": "done"}``. ``env`` adds environment
+    variables for every rank (e.g. ``FLOWRIDE_COMM_INJECT_FAULT``). ``mode``: see
+    :mod:`flowride.comm.execute`. Wrong outputs come back in ``RunResult.errors``; a rank that
+    crashes or hangs raises :class:`CommFailed` naming it. ``run_dir`` keeps the per-rank logs
+    there (default: a temporary directory, removed afterwards)."""
+    return run_schedules([schedule_or_program], size_bytes, repeats, warmup, timeout_s, backend, barrier_per_epoch,
+                         progress, mode, device, env, run_dir)[0]
+
+
+def run_schedules(items: list[Schedule | Program], size_bytes: int | list[int | None] | None = None, repeats: int = 5,
+                  warmup: int = 1, timeout_s: float = 600.0, backend: str | None = None, barrier_per_epoch: bool = False,
+                  progress: Callable[[dict], None] | None = None, mode: str = "auto", device: str = "auto",
+                  env: dict[str, str] | None = None, run_dir: str | Path | None = None) -> list[RunResult]:
+    """:func:`run_schedule` for several schedules with the same number of GPUs, run in turn by
+    one set of processes (start-up, seconds per rank on a CPU, is paid once). ``size_bytes``: one
+    size for all, or one per schedule (None: that schedule's own)."""
+    progs = [as_program(x) for x in items]
+    if not progs:
+        raise InputError("schedules", "none given", "give at least one schedule")
+    for prog in progs:
+        check_structure(prog)
+    n = progs[0].ngpus
+    if any(p.ngpus != n for p in progs):
+        raise InputError("schedules", f"have different GPU counts ({sorted({p.ngpus for p in progs})})", "run schedules for one GPU count together")
+    if repeats < 0 or warmup < 0:
+        raise InputError("repeats", "repeats and warm-up runs must not be negative", "give 0 or more")
+    if not timeout_s > 0:
+        raise InputError("timeout_s", f"{timeout_s} is not positive", "give seconds above zero")
+    sizes = list(size_bytes) if isinstance(size_bytes, list | tuple) else [size_bytes] * len(progs)
+    if len(sizes) != len(progs):
+        raise InputError("size_bytes", f"gives {len(sizes)} sizes for {len(progs)} schedules", "give one size, or one per schedule")
+    sizes = [round(p.chunk_bytes * n * p.chunks) if s is None else s for p, s in zip(progs, sizes, strict=True)]
+    for s in sizes:
+        if not isinstance(s, int) or s < 1:
+            raise InputError("size_bytes", f"{s!r} is not a positive size", "give the per-rank buffer size in bytes")
+    dev = _pick_device(n, device)
+    backend = backend or ("nccl" if dev == "cuda" else "gloo")
+    if backend not in ("gloo", "nccl"):
+        raise InputError("backend", f"{backend!r} is unknown", "use gloo or nccl")
+    own_dir = run_dir is None
+    rd = Path(tempfile.mkdtemp(prefix="flowride-comm-")) if own_dir else Path(run_dir)
+    rd.mkdir(parents=True, exist_ok=True)
+    for old in [*rd.glob("rank*.*"), rd / "progress.jsonl", rd / "report.json"]:
+        old.unlink(missing_ok=True)
+    paths = []
+    for k, prog in enumerate(progs):
+        paths.append(str(rd / f"program{k}.json"))
+        save_program(prog, paths[-1])
+    port = free_port()
+    src_root = str(Path(__file__).resolve().parents[2])
+    procs: list[subprocess.Popen] = []
+    t0 = time.monotonic()
+    try:
+        for rank in range(n):
+            e = dict(os.environ)
+            e.update({
+                "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": src_root + os.pathsep + e.get("PYTHONPATH", ""),
+            })
+            e.update(env or {})
+            cmd = [sys.executable, "-m", "flowride.comm.worker", "--program", *paths, "--out", str(rd),
+                   "--size-bytes", *map(str, sizes), "--repeats", str(repeats), "--warmup", str(warmup),
+                   # a single wait gives up later than the whole run does, so the launcher, which
+                   # can tell who stalled, is the one to report a hang
+                   "--timeout-s", str(timeout_s + 30), "--backend", backend, "--device", dev, "--mode", mode]
+            if barrier_per_epoch:
+                cmd.append("--barrier-per-epoch")
+            with open(rd / f"rank{rank}.log", "w") as log:
+                procs.append(subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        if progress:
+            progress({"event": "spawned", "ranks": n})
+        seen = 0
+        prog_file = rd / "progress.jsonl"
+
+        def forward() -> None:
+            nonlocal seen
+            if progress and prog_file.exists():
+                lines = prog_file.read_text().splitlines()
+                for line in lines[seen:]:
+                    try:
+                        progress(json.loads(line))
+                    except ValueError:  # a line being written; read it next time
+                        break
+                    seen += 1
+
+        exited_at: dict[int, float] = {}
+        while True:
+            codes = [p.poll() for p in procs]
+            now = time.time()
+            for r, c in enumerate(codes):
+                if c is not None:
+                    exited_at.setdefault(r, now)
+            forward()
+            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, EXIT_OK, EXIT_WRONG)]
+            if bad:
+                _stop(procs)
+                rank, why = _first_failure(rd, bad, exited_at)
+                raise CommFailed(rank, f"rank {rank} failed: {why}", _tail(rd / f"rank{rank}.log"))
+            if all(c is not None for c in codes):
+                break
+            if time.monotonic() - t0 > timeout_s:
+                rank, why = _diagnose_hang(rd, procs, timeout_s)
+                _stop(procs)
+                raise CommFailed(rank, why, "" if rank is None else _tail(rd / f"rank{rank}.log"))
+            time.sleep(0.05)
+        forward()
+        rep = _read(rd / "report.json")
+        if rep is None:
+            raise CommFailed(0, "rank 0 finished without writing a report", _tail(rd / "rank0.log"))
+        results = [RunResult.from_report(r) for r in rep["results"]]
+        for r in results:
+            r.wall_s = time.monotonic() - t0
+        if progress:
+            progress({"event": "done"})
+        return results
+    finally:
+        _stop(procs)
+        if own_dir:
+            shutil.rmtree(rd, ignore_errors=True)
