@@ -110,3 +110,14 @@ def test_verify_a_wrong_msccl_algorithm_exits_1(tmp_path, capsys):
     capsys.readouterr()
     assert main(["verify", str(xml)]) == 1
     assert capsys.readouterr().err.startswith("invalid:")
+
+
+@pytest.mark.timeout(240)
+def test_run_with_a_crashing_rank_fails_cleanly(tmp_path, capsys, monkeypatch):
+    sched = tmp_path / "s.json"
+    assert main(["synth", "-t", "ring", "--n", "4", "-s", "64KB", "-o", str(sched)]) == 0
+    monkeypatch.setenv("FLOWRIDE_COMM_INJECT_FAULT", "crash:2")
+    capsys.readouterr()
+    assert main(["run", str(sched), "--repeats", "1", "--timeout", "120"]) == 1
+    first = capsys.readouterr().err.strip().splitlines()[0]
+    assert first.startswith("error: run failed") and "rank 2" in first

@@ -232,9 +232,11 @@ def cmd_run(a: argparse.Namespace) -> int:
                 bar.update(task, description=f"{kind}: {target.collective.value} on {target.ngpus} ranks")
 
         try:
-            res = run_schedule(target, size_bytes=size, repeats=a.repeats, warmup=a.warmup, timeout_s=a.timeout, barrier_per_epoch=a.barrier_per_epoch, progress=on_progress)
+            res = run_schedule(target, size_bytes=size, repeats=a.repeats, warmup=a.warmup, timeout_s=a.timeout, barrier_per_epoch=a.barrier_per_epoch, progress=on_progress, mode=a.mode)
         except CommFailed as e:
             print(f"error: run failed: {e}", file=sys.stderr)
+            if getattr(e, "details", ""):
+                err.print(e.details, style="dim", markup=False, highlight=False)
             return 1
     rep = res.report()
     if a.report:
@@ -666,6 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--warmup", type=int, default=1, help="untimed repeats first")
     rn.add_argument("--timeout", type=float, default=120.0, help="seconds before a silent or hung rank fails the run")
     rn.add_argument("--barrier-per-epoch", action="store_true", help="synchronise all ranks after every epoch (default: point-to-point dependencies only)")
+    rn.add_argument("--mode", default="auto", choices=["auto", "dataflow", "ordered", "grouped"], help="how messages are issued (auto: dataflow on gloo, grouped on nccl)")
     rn.add_argument("--report", help="write the report JSON here")
     rn.set_defaults(func=cmd_run)
 

@@ -94,9 +94,25 @@ def _stop(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
 EXTERNAL_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+ECHO_SETTLE_S = 3.0
+
+
+def _is_echo(run_dir: Path, rank: int, code: int) -> bool:
+    """A failure caused by a peer: a broken send/receive (CommError), or an abort with no error."""
+    e = _read(run_dir / f"rank{rank}.error")
+    if e is None:
+        return code == -signal.SIGABRT
+    return str(e.get("error", "")).startswith("CommError")
+
+
+def _has_cause(run_dir: Path, bad: list[tuple[int, int]]) -> bool:
+    return any((code < 0 and -code in EXTERNAL_SIGNALS) or not _is_echo(run_dir, rank, code) for rank, code in bad)
+
+
 def _first_failure(run_dir: Path, bad: list[tuple[int, int]], exited_at: dict[int, float]) -> tuple[int, str]:
     """The rank that failed first. A rank killed from outside (SIGKILL, SIGTERM: the OOM killer,
-    a user) is the cause, never an echo. Otherwise the earliest failure wins: an error file's time,
+    a user) is the cause, never an echo. Then a rank with its own error beats one whose send or
+    receive broke because a peer went away. Otherwise the earliest failure wins: an error file's time,
     or, for a rank that left none (it aborted), when its exit was seen. Peers that fail because
     the first one closed its connections fail after it."""
     for rank, code in bad:
@@ -104,16 +120,17 @@ def _first_failure(run_dir: Path, bad: list[tuple[int, int]], exited_at: dict[in
             return rank, f"killed by signal {signal.Signals(-code).name}"
     cands = []
     for rank, code in bad:
+        echo = _is_echo(run_dir, rank, code)
         e = _read(run_dir / f"rank{rank}.error")
         if e:
-            cands.append((e["time"], rank, e["error"]))
+            cands.append((echo, e["time"], rank, e["error"]))
         else:
             try:
                 why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
             except ValueError:
                 why = f"exit code {code}"
-            cands.append((exited_at.get(rank, time.time()), rank, why))
-    _, rank, msg = min(cands)
+            cands.append((echo, exited_at.get(rank, time.time()), rank, why))
+    _, _, rank, msg = min(cands)
     return rank, msg
 
 
@@ -259,6 +276,18 @@ def run_schedules(items: list[Schedule | Program], size_bytes: int | list[int | 
             forward()
             bad = [(r, c) for r, c in enumerate(codes) if c not in (None, EXIT_OK, EXIT_WRONG)]
             if bad:
+                # the first rank to exit may only be echoing a peer's failure (its receive broke
+                # when the peer's connection closed): give the cause a moment to report itself
+                settle = time.monotonic() + ECHO_SETTLE_S
+                while time.monotonic() < settle and not _has_cause(rd, bad):
+                    time.sleep(0.05)
+                    codes = [p.poll() for p in procs]
+                    now = time.time()
+                    for r, c in enumerate(codes):
+                        if c is not None:
+                            exited_at.setdefault(r, now)
+                    bad = [(r, c) for r, c in enumerate(codes) if c not in (None, EXIT_OK, EXIT_WRONG)]
+                bad += [(r, 1) for r in range(len(procs)) if codes[r] is None and (rd / f"rank{r}.error").exists()]
                 _stop(procs)
                 rank, why = _first_failure(rd, bad, exited_at)
                 raise CommFailed(rank, f"rank {rank} failed: {why}", _tail(rd / f"rank{rank}.log"))
