@@ -17,9 +17,11 @@ from flowride.schedule.ir import Schedule
 from flowride.schedule.metrics import Bounds, algbw_GBps, lower_bounds
 from flowride.schedule.prune import prune_redundant
 from flowride.schedule.simulate import SimResult, simulate
+from flowride.synth.budget import AUTO_MILP_COLUMNS, MEMORY_LIMIT_BYTES, describe, milp_size
 from flowride.synth.greedy import baseline_sends
 from flowride.synth.horizon import Progress, SearchResult, bisect_horizon, epoch_lower_bound
 from flowride.synth.reach import epoch_distances
+from flowride.synth.trees import synthesize_trees
 from flowride.topology.model import Topology
 from flowride.topology.timing import epoch_timing
 
@@ -59,6 +61,8 @@ class SynthOutcome:
             "algbw_GBps": algbw_GBps(self.demand.size_bytes, fin),
             "lower_bound_us": lb * 1e6,
             "lower_bound_kind": self.bounds.binding,
+            "lower_bounds_us": {"ingress": self.bounds.ingress_s * 1e6, "cut": self.bounds.cut_s * 1e6,
+                                "latency": self.bounds.latency_s * 1e6, "forest": self.bounds.forest_s * 1e6},
             "ratio_to_lower_bound": fin / lb if lb > 0 else None,
             "baseline": self.baseline_name,
             "baseline_us": self.baseline.finish_time_s * 1e6,
@@ -71,8 +75,36 @@ class SynthOutcome:
             "epoch_gap": gap_epochs,
             "verified": self.sim.valid,
             "method": self.schedule.meta.get("method"),
+            "method_requested": self.schedule.meta.get("method_requested"),
+            "peak_rss_mb": _peak_rss_mb(),
             "probes": [{"T": p.T, "outcome": p.outcome, "seconds": round(p.seconds, 4), "columns": p.columns, "rows": p.rows} for p in self.search.probes],
         }
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory so far (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+METHODS = ("auto", "milp", "lp", "astar", "trees")
+
+
+def check_method(method: str, demand: Demand) -> str:
+    """The method name, checked against the collective it must build (reductions are built from
+    AllGathers, so they take the AllGather methods)."""
+    m = str(method).strip().lower()
+    if m not in METHODS:
+        raise InputError("method", f"{method!r} is not a method", f"use one of {', '.join(METHODS)}")
+    gathers = demand.collective.multicast or demand.collective.reduces
+    if m == "lp" and gathers:
+        raise InputError("method", f"lp needs a copy-free demand (AlltoAll), not {demand.collective.value}",
+                         "use milp, astar or trees, or auto")
+    if m in ("astar", "trees") and not gathers:
+        raise InputError("method", f"{m} builds AllGather-like collectives, not {demand.collective.value}",
+                         "use milp or lp, or auto")
+    return m
 
 
 def synthesize(
@@ -85,16 +117,26 @@ def synthesize(
     mip_gap: float | None = None,
     threads: int | None = None,
     progress: Progress | None = None,
+    method: str = "auto",
+    memory_limit: int = MEMORY_LIMIT_BYTES,
 ) -> SynthOutcome:
-    """Minimum-makespan schedule by bisection over MILP probes, verified by the simulator.
+    """The fastest schedule ``method`` can find, verified by the simulator.
+
+    - ``milp``: minimum makespan by bisection over MILP probes (proven when it finishes in time);
+      refused up front when its estimated memory exceeds ``memory_limit``;
+    - ``lp`` (AlltoAll): the fluid LP, decomposed into per-chunk sends;
+    - ``astar`` (AllGather): windows of epochs solved one after another and stitched;
+    - ``trees`` (AllGather): polynomial-time packed broadcast trees (ForestColl-style);
+    - ``auto``: the MILP when its size is modest, else trees (AllGather) or the LP (AlltoAll).
     Reductions (ReduceScatter, AllReduce) are built from AllGathers run backwards
-    (:func:`synthesize_reduction`)."""
+    (:func:`synthesize_reduction`) with the same method."""
     t0 = time.perf_counter()
     if time_limit is not None and not time_limit > 0:
         raise InputError("time_limit", f"{time_limit} is not positive", "give seconds above zero or leave it out")
     demand = make_demand(topo, collective, size_bytes, chunks)
+    method = check_method(method, demand)
     if demand.collective.reduces:
-        return synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, progress, t0)
+        return synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, progress, t0, method, memory_limit)
     timing = epoch_timing(topo, demand.chunk_bytes, epoch)
     D = epoch_distances(topo, timing)
 
@@ -108,17 +150,60 @@ def synthesize(
     hi = int(base_sim.epochs)
     if progress:
         progress({"stage": "bounds", "lo": lo, "hi": hi, "baseline": base_name})
-    remaining = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - t0))
-    search = bisect_horizon(topo, demand, timing, min(lo, hi), hi, remaining, mip_gap, threads, progress, D)
+
+    def left() -> float | None:
+        return None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
+
+    chosen = method
+    fallback_sends, fallback_name = None, base_name
+    if demand.collective.multicast and method in ("auto", "milp", "trees"):
+        # the tree construction is cheap: the method itself, or the incumbent that caps the MILP search
+        trees = synthesize_trees(topo, demand, timing, left() if method == "trees" else None, progress, min(lo, hi))
+        if trees.T < hi or method == "trees":
+            fallback_sends, fallback_name, hi = trees.sends, "trees", min(hi, trees.T)
+    size = milp_size(topo, demand, timing, hi, D) if chosen in ("auto", "milp") else None
+    if chosen == "auto":
+        if size.columns <= AUTO_MILP_COLUMNS and size.fits(memory_limit):
+            chosen = "milp"
+        else:
+            chosen = "trees" if demand.collective.multicast else "lp"
+    if chosen == "milp" and not size.fits(memory_limit):
+        other = "trees or astar" if demand.collective.multicast else "lp"
+        raise InputError("method", f"the MILP would need {describe(size)}, over the {memory_limit / 2**30:.0f} GiB memory limit",
+                         f"use --method {other} (or auto), a coarser --epoch (slow or seconds), or fewer chunks")
+    if progress:
+        progress({"stage": "method", "method": chosen, "lo": lo, "hi": hi, "columns": size.columns if size else None})
+
+    used = chosen
+    if chosen == "milp":
+        search = bisect_horizon(topo, demand, timing, min(lo, hi), hi, left(), mip_gap, threads, progress, D)
+        if search.sends is None:
+            used = fallback_name
+            search.sends = fallback_sends
+    elif chosen == "trees":
+        search = SearchResult(fallback_sends, hi, min(lo, hi), trees.timed_out, trees.probes, solver_seconds=trees.solver_seconds)
+    elif chosen == "lp":
+        from flowride.synth.lp import synthesize_lp
+
+        demand, search = synthesize_lp(topo, demand, timing, left(), progress, D)
+        search.lower = max(search.lower, min(lo, search.T))
+    else:  # astar
+        from flowride.synth.astar import synthesize_astar
+
+        search = synthesize_astar(topo, demand, timing, time_limit=left(), progress=progress, D=D)
+        search.lower = max(search.lower, min(lo, search.T))
+        if search.T > hi:  # the windows did worse than the trees: keep the trees
+            used, search.sends, search.T = fallback_name, fallback_sends, hi
 
     if search.sends is None:
         sched = base_sched
+        used = base_name
     else:
-        sched = Schedule.from_tuples(topo, demand, timing.tau, search.sends, {"method": "milp"})
+        sched = Schedule.from_tuples(topo, demand, timing.tau, search.sends, {"method": used})
         sched = prune_redundant(sched)
     sim = simulate(sched)
     if not sim.valid:
-        raise AssertionError(f"synthesized schedule failed verification: {sim.first_violation}")
+        raise AssertionError(f"synthesized schedule ({used}) failed verification: {sim.first_violation}")
     # the replay may finish earlier than the probed horizon
     search.T = min(search.T, int(sim.epochs))
     if search.proven_minimal:
@@ -128,7 +213,8 @@ def synthesize(
     else:
         status = "feasible"
     sched.meta.update(
-        {"status": status, "epochs": sim.epochs, "epoch_lower_bound": search.lower, "epoch_preset": str(epoch)}
+        {"status": status, "epochs": sim.epochs, "epoch_lower_bound": search.lower, "epoch_preset": str(epoch),
+         "method_requested": method}
     )
     return SynthOutcome(
         schedule=sched,
@@ -154,7 +240,8 @@ def symmetric(topo: Topology) -> bool:
     return True
 
 
-def synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, progress, t0) -> SynthOutcome:
+def synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, progress, t0, method="auto",
+                         memory_limit=MEMORY_LIMIT_BYTES) -> SynthOutcome:
     """ReduceScatter: the AllGather synthesized on the reversed topology, run backwards in time.
     AllReduce: that ReduceScatter, then the AllGather on the topology itself (the same schedule when
     the links are symmetric). The baseline is the ring AllGather treated the same way.
@@ -168,11 +255,13 @@ def synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, prog
     same = symmetric(topo)
     budget = time_limit if not is_ar or same or time_limit is None else time_limit / 2
     rev_topo = topo if same else topo.reversed()
-    rev = synthesize(rev_topo, Collective.ALLGATHER, demand.size_bytes, epoch, demand.chunks, budget, mip_gap, threads, progress)
+    rev = synthesize(rev_topo, Collective.ALLGATHER, demand.size_bytes, epoch, demand.chunks, budget, mip_gap, threads, progress,
+                     method, memory_limit)
     fwd = rev
     if is_ar and not same:
         left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
-        fwd = synthesize(topo, Collective.ALLGATHER, demand.size_bytes, epoch, demand.chunks, left, mip_gap, threads, progress)
+        fwd = synthesize(topo, Collective.ALLGATHER, demand.size_bytes, epoch, demand.chunks, left, mip_gap, threads, progress,
+                         method, memory_limit)
 
     def build(r: Schedule, f: Schedule) -> Schedule:
         if is_ar:
@@ -201,7 +290,8 @@ def synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, prog
         status = "timeout"
     else:
         status = "feasible"
-    sched.meta.update({"status": status, "epochs": sim.epochs, "epoch_preset": str(epoch), "allgather_status": rev.status})
+    sched.meta.update({"status": status, "epochs": sim.epochs, "epoch_preset": str(epoch), "allgather_status": rev.status,
+                       "method": rev.schedule.meta.get("method"), "method_requested": method})
     return SynthOutcome(
         schedule=sched,
         sim=sim,

@@ -80,13 +80,23 @@ class _ProgressView:
 
     def __call__(self, ev: dict) -> None:
         el = time.perf_counter() - self.t0
-        if ev["stage"] == "bounds":
+        stage = ev["stage"]
+        if stage == "bounds":
             msg = f"baseline {ev['baseline']} needs {ev['hi']} epochs; lower bound {ev['lo']}"
-        elif ev["stage"] == "probe":
+        elif stage == "method":
+            size = f", MILP {ev['columns']:,} columns" if ev.get("columns") else ""
+            msg = f"method {ev['method']}: best so far {ev['hi']} epochs, lower bound {ev['lo']}{size}"
+            err.print(f"  {msg}  [{el:.1f}s]", highlight=False)
+        elif stage == "trees":
+            msg = f"trees {ev['variant']} ({ev['i']}/{ev['of']}): {ev['epochs']} epochs, best {ev['best']}, lower bound {ev['lo']}"
+        elif stage == "probe":
             msg = f"MILP probe: {ev['T']} epochs (search [{ev['lo']}, {ev['hi']}], best so far {ev['hi']})"
-        else:
+        elif stage == "probed":
             msg = f"probe {ev['T']} epochs: {ev['outcome']} (search [{ev['lo']}, {ev['hi']}])"
             err.print(f"  {msg}  [{el:.1f}s]", highlight=False)
+        else:  # the LP and A* methods' stages: print what they report
+            rest = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in ev.items() if k not in ("stage", "elapsed"))
+            msg = f"{stage}: {rest}"
         self.status.update(f"[bold]synth[/bold] {msg}  [{el:.1f}s]")
 
 
@@ -97,8 +107,14 @@ def _result_table(rep: dict) -> Table:
     t.add_row("finish time", f"{rep['finish_time_us']:.3f} us  ({rep['epochs']} epochs x {rep['epoch_duration_us']:.4g} us)")
     t.add_row("algorithmic bandwidth", f"{rep['algbw_GBps']:.3f} GB/s")
     t.add_row("lower bound", f"{rep['lower_bound_us']:.3f} us ({rep['lower_bound_kind']}); ratio {rep['ratio_to_lower_bound']:.3f}")
+    forest = rep["lower_bounds_us"]["forest"]
+    if forest:
+        t.add_row("forest (max-flow) bound", f"{forest:.3f} us")
     t.add_row(f"{rep['baseline']} baseline", f"{rep['baseline_us']:.3f} us; ours is {rep['speedup_vs_baseline']:.2f}x faster")
     t.add_row("solver time", f"{rep['solver_time_s']:.2f} s (wall {rep['wall_time_s']:.2f} s, {len(rep['probes'])} probes)")
+    asked = rep.get("method_requested")
+    t.add_row("method", f"{rep['method']}" + (f" (asked: {asked})" if asked and asked != rep["method"] else "")
+              + f"; peak memory {rep['peak_rss_mb']:.0f} MB")
     proven = "epochs proven minimal" if rep["proven_minimal_epochs"] else f"epoch lower bound {rep['epoch_lower_bound']}"
     t.add_row("status", f"{rep['status']} ({proven}); verified: {rep['verified']}")
     return t
@@ -112,8 +128,11 @@ def cmd_synth(a: argparse.Namespace) -> int:
     epoch = _epoch(a.epoch)
     if a.time_limit is not None and not a.time_limit > 0:
         raise InputError("--time-limit", f"{a.time_limit} is not positive", "give seconds above zero")
+    if not a.memory_limit > 0:
+        raise InputError("--memory-limit", f"{a.memory_limit} GiB is not positive", "give GiB above zero, e.g. 8")
     with err.status("[bold]synth[/bold] building bounds and baseline") as st:
-        out = synthesize(topo, a.collective, size, epoch, a.chunks, a.time_limit, a.mip_gap, a.threads, _ProgressView(st))
+        out = synthesize(topo, a.collective, size, epoch, a.chunks, a.time_limit, a.mip_gap, a.threads, _ProgressView(st),
+                         method=a.method, memory_limit=int(a.memory_limit * 2**30))
     rep = out.report()
     if a.out:
         out.schedule.save(a.out)
@@ -640,6 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--time-limit", type=float, help="seconds for the whole search; the best schedule so far is returned")
     s.add_argument("--mip-gap", type=float, help="relative MIP gap at which a probe may stop")
     s.add_argument("--threads", type=int, help="solver threads")
+    s.add_argument("--method", default="auto", help="milp, lp (AlltoAll), astar or trees (AllGather-like), or auto (by instance size)")
+    s.add_argument("--memory-limit", type=float, default=8.0, help="GiB the MILP may use; a larger one is refused up front")
     s.add_argument("--out", "-o", help="write the schedule JSON here")
     s.add_argument("--report", help="write the report JSON here")
     s.set_defaults(func=cmd_synth)

@@ -3,7 +3,9 @@
 - ingress: a GPU must receive every chunk it needs through its in-links;
 - cut: chunks that must enter a chassis (group) cross the links into it (for AllGather once per
   chunk, copies are made inside; for AlltoAll once per destination);
-- latency: the alpha of the lowest-latency path between the farthest source/destination pair.
+- latency: the alpha of the lowest-latency path between the farthest source/destination pair;
+- forest (AllGather, ReduceScatter, AllReduce): ForestColl's bound, the cut bound over *every*
+  set of nodes rather than the declared chassis, found by max-flow (:mod:`flowride.synth.trees`).
 The largest is the floor a schedule is measured against.
 
 Reducing collectives are bounded by duality: a ReduceScatter run backwards in time is an AllGather
@@ -31,14 +33,16 @@ class Bounds:
     ingress_s: float
     cut_s: float
     latency_s: float
+    forest_s: float = 0.0  # ForestColl's max-flow bound over every cut (AllGather-like collectives)
 
     @property
     def best_s(self) -> float:
-        return max(self.ingress_s, self.cut_s, self.latency_s)
+        return max(self.ingress_s, self.cut_s, self.latency_s, self.forest_s)
 
     @property
     def binding(self) -> str:
-        return max((("ingress", self.ingress_s), ("cut", self.cut_s), ("latency", self.latency_s)), key=lambda t: t[1])[0]
+        kinds = (("ingress", self.ingress_s), ("cut", self.cut_s), ("latency", self.latency_s), ("forest", self.forest_s))
+        return max(kinds, key=lambda t: t[1])[0]
 
 
 def entering(demand: Demand, inside: frozenset[int]) -> int:
@@ -57,7 +61,8 @@ def lower_bounds(topo: Topology, demand: Demand) -> Bounds:
     if demand.collective is Collective.ALLREDUCE:
         rs = lower_bounds(topo, make_demand(topo, Collective.REDUCESCATTER, demand.size_bytes, demand.chunks))
         ag = lower_bounds(topo, make_demand(topo, Collective.ALLGATHER, demand.size_bytes, demand.chunks))
-        return Bounds(max(rs.ingress_s, ag.ingress_s), max(rs.cut_s, ag.cut_s), max(rs.latency_s, ag.latency_s))
+        return Bounds(max(rs.ingress_s, ag.ingress_s), max(rs.cut_s, ag.cut_s), max(rs.latency_s, ag.latency_s),
+                      max(rs.forest_s, ag.forest_s))
     if demand.collective is Collective.REDUCESCATTER:
         return _reduce_scatter_bounds(topo, demand)
     cb = demand.chunk_bytes
@@ -77,7 +82,18 @@ def lower_bounds(topo: Topology, demand: Demand) -> Bounds:
     for q in demand.commodities:
         for d in q.dests:
             lat = max(lat, float(A[q.source, d]))
-    return Bounds(ingress, cut, max(0.0, lat - 1e-12))
+    forest = 0.0
+    if demand.collective.multicast:
+        forest = _forest_s(topo, demand, reverse=False)
+    return Bounds(ingress, cut, max(0.0, lat - 1e-12), forest)
+
+
+def _forest_s(topo: Topology, demand: Demand, reverse: bool) -> float:
+    """ForestColl's bound for the whole block of each GPU, less a hair so a schedule that meets
+    it exactly is not reported below its floor by rounding."""
+    from flowride.synth.trees import forest_bound
+
+    return max(0.0, forest_bound(topo, reverse).seconds(demand.chunk_bytes * demand.chunks) * (1 - 1e-9))
 
 
 def _alpha_distances(topo: Topology) -> np.ndarray:
@@ -107,7 +123,7 @@ def _reduce_scatter_bounds(topo: Topology, demand: Demand) -> Bounds:
         cut = max(cut, n * cb / bw)
     A = _alpha_distances(topo)
     lat = max((float(A[g, q.source]) for q in demand.commodities for g in gpus if g != q.source), default=0.0)
-    return Bounds(egress, cut, max(0.0, lat - 1e-12))
+    return Bounds(egress, cut, max(0.0, lat - 1e-12), _forest_s(topo, demand, reverse=True))
 
 
 def algbw_GBps(size_bytes: float, seconds: float) -> float:

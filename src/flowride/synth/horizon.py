@@ -93,7 +93,17 @@ def epoch_lower_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np
     lat = max(int(D[q.source, d]) for q in demand.commodities for d in q.dests)
     ingress = max(cut_bound(topo, demand, timing, D, {g}) for g in demand.needs())
     cut = max((cut_bound(topo, demand, timing, D, set(inside)) for inside in topo.cut_sets()), default=0)
-    return {"latency": lat, "ingress": ingress, "cut": cut}
+    out = {"latency": lat, "ingress": ingress, "cut": cut}
+    if demand.collective.multicast and not demand.collective.reduces and not topo.teccl_compat:
+        # ForestColl's cut over every node set. A send must arrive by T, so a link starts chunks in
+        # at most T - a + 1 epochs, at most window_cap per b + 1 of them: it delivers at most
+        # (T + 1) * cap chunks, and (T + 1) * tau is at least the fluid floor. (The TE-CCL compat
+        # model lets switch -> GPU hops skip beta, which breaks that count: no forest bound there.)
+        from flowride.synth.trees import forest_bound
+
+        fluid = forest_bound(topo).seconds(demand.chunk_bytes * demand.chunks)
+        out["forest"] = max(0, int(math.ceil(fluid / timing.tau - 1e-6)) - 1)
+    return out
 
 
 @dataclass

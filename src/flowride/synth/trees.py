@@ -1,0 +1,297 @@
+"""The spanning-tree (ForestColl) bound for AllGather and ReduceScatter, by max-flow.
+
+An AllGather must move every GPU's block into every set S of nodes that holds a GPU: at least
+``|GPUs outside S|`` blocks cross into S, whatever the schedule, so
+
+    T >= (M/N) * max over S of |GPUs outside S| / (bandwidth entering S).
+
+There are exponentially many S, but the largest ratio is found with max-flow (ForestColl,
+after Edmonds' branching theorem): give a super source an edge of capacity x into every GPU and
+the links their bandwidth; every cut separating the source from GPU v costs
+``x * |GPUs inside S| + bandwidth into S``, which is at least ``N * x`` exactly when
+``bandwidth into S >= x * |GPUs outside S|``. The largest x for which every GPU's max-flow reaches
+``N * x`` is the best rate per root; the bound is (M/N) / x. Without switches it is also reached
+by packing spanning out-trees (ForestColl), so on switchless topologies it is the bandwidth
+optimum; the epoch model adds latency and whole chunks on top.
+
+x is found by Dinkelbach iteration: start from the ingress ratio, find a GPU whose min cut is
+violated, move x to that cut's own ratio, repeat; each step strictly lowers x and there are
+finitely many cuts, so it ends (in a handful of rounds in practice). ReduceScatter is the same on
+the reversed links (duality; see :mod:`flowride.schedule.reduce`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse.csgraph import dijkstra
+
+from flowride.topology.model import Topology
+
+_SRC = "source"
+_REL = 1e-9
+
+
+@dataclass(frozen=True)
+class ForestBound:
+    rate_Bps: float  # x: bytes/s each GPU's block can spread at, the same for every root
+    cut: frozenset[int]  # the binding set S (sink side), nodes of the topology
+    gpus_outside: int
+    bandwidth_in_Bps: float
+    rounds: int
+
+    def seconds(self, block_bytes: float) -> float:
+        """Finish-time floor for blocks of ``block_bytes`` (AllGather: output / ranks)."""
+        return block_bytes / self.rate_Bps
+
+
+_CACHE: dict[tuple, ForestBound] = {}
+
+
+def forest_bound(topo: Topology, reverse: bool = False) -> ForestBound:
+    """The best common per-root rate of an AllGather on ``topo`` (``reverse``: on its reversed
+    links, i.e. the ReduceScatter floor). Cached per link set: every report asks for it, and on a
+    256-GPU torus one evaluation is a few hundred max-flows."""
+    key = (topo.gpus, tuple((lk.src, lk.dst, lk.bytes_per_s) for lk in topo.links), reverse)
+    if key not in _CACHE:
+        if len(_CACHE) > 64:
+            _CACHE.clear()
+        _CACHE[key] = _forest_bound(topo, reverse)
+    return _CACHE[key]
+
+
+def _forest_bound(topo: Topology, reverse: bool) -> ForestBound:
+    gpus = list(topo.gpus)
+    n = len(gpus)
+    g = nx.DiGraph()
+    for lk in topo.links:
+        u, v = (lk.dst, lk.src) if reverse else (lk.src, lk.dst)
+        g.add_edge(u, v, capacity=lk.bytes_per_s)
+    into = {v: sum(d["capacity"] for _, _, d in g.in_edges(v, data=True)) for v in gpus}
+    best = min(gpus, key=lambda v: into[v])
+    x = into[best] / (n - 1)
+    binding = (frozenset([best]), n - 1, into[best])
+    rounds = 0
+    while True:
+        rounds += 1
+        for v in gpus:
+            g.add_edge(_SRC, v, capacity=x)
+        worst = None
+        for v in gpus:
+            value, (_, sink_side) = nx.minimum_cut(g, _SRC, v)
+            if value < n * x * (1 - _REL):
+                inside = frozenset(u for u in sink_side if u != _SRC)
+                outside_gpus = n - sum(1 for u in gpus if u in inside)
+                bw_in = sum(d["capacity"] for a, b, d in g.edges(data=True) if a != _SRC and b in inside and a not in inside)
+                ratio = bw_in / outside_gpus
+                if worst is None or ratio < worst[0]:
+                    worst = (ratio, inside, outside_gpus, bw_in)
+        if worst is None or worst[0] >= x * (1 - _REL):
+            break
+        x = worst[0]
+        binding = worst[1:]
+    return ForestBound(x, binding[0], binding[1], binding[2], rounds)
+
+
+# ------------------------------------------------------------------ construction
+#
+# The bound above is exact; the construction below is a polynomial heuristic in its spirit, not
+# ForestColl's exact packing: one broadcast out-tree per (root, chunk), grown by Dijkstra under
+# link weights that rise with the load earlier trees put on each link (multiplicative-weights
+# style), so the trees spread over the cut the bound names. The trees are then list-scheduled level
+# by level into the epoch model (every hop at the earliest epoch its link has room), which adds
+# latency and whole-chunk effects the fluid bound leaves out. Switches are crossed, never used to
+# copy (a GPU -> switch -> GPU hop is one tree edge), so the schedule is valid for any switch.
+
+
+@dataclass(frozen=True)
+class _Edges:
+    """GPU-to-GPU tree edges: direct links, and hops through switches only."""
+
+    src: list[int]
+    dst: list[int]
+    links: list[list[int]]  # physical links of each edge, in order
+    delay: list[int]  # epochs from send to hold along the edge
+
+
+def _gpu_edges(topo: Topology, timing) -> _Edges:
+    src: list[int] = []
+    dst: list[int] = []
+    paths: list[list[int]] = []
+    delay: list[int] = []
+    nodes = topo.nodes
+    for g in topo.gpus:
+        # best (fewest epochs) switch-only path from g to every GPU it reaches that way
+        best: dict[int, tuple[int, list[int]]] = {}
+        frontier: list[tuple[int, int, list[int]]] = [(g, 0, [])]
+        seen_sw: dict[int, int] = {}
+        while frontier:
+            node, d, path = frontier.pop()
+            for li in topo.out_links(node):
+                v = topo.links[li].dst
+                nd = timing.arrival(li, d)
+                if nodes[v].is_gpu:
+                    if v != g and (v not in best or nd < best[v][0]):
+                        best[v] = (nd, path + [li])
+                elif seen_sw.get(v, 1 << 60) > nd:
+                    seen_sw[v] = nd
+                    frontier.append((v, nd, path + [li]))
+        for v, (d, path) in sorted(best.items()):
+            src.append(g)
+            dst.append(v)
+            paths.append(path)
+            delay.append(d)
+    return _Edges(src, dst, paths, delay)
+
+
+def _tree(root: int, n: int, e: _Edges, weight: np.ndarray) -> dict[int, int]:
+    """Shortest-path out-tree from ``root`` under ``weight``: GPU -> index of the edge into it."""
+    m = sp.csr_matrix((weight, (e.src, e.dst)), shape=(n, n))
+    _, pred = dijkstra(m, directed=True, indices=root, return_predecessors=True)
+    index = {(a, b): i for i, (a, b) in enumerate(zip(e.src, e.dst, strict=True))}
+    return {v: index[(int(pred[v]), v)] for v in range(n) if v != root and pred[v] >= 0}
+
+
+def _grow(root: int, e: _Edges, out: dict[int, list[int]], cost: np.ndarray, delay: np.ndarray, lam: float) -> dict[int, int]:
+    """Grow an out-tree from ``root`` Prim-style: repeatedly attach the GPU whose best edge from the
+    tree minimises ``cost[edge] + lam * (depth of its tail + delay[edge])``. lam = 0 is Prim (the
+    cheapest tree in link time: a thin cut is crossed once), a large lam is Dijkstra (the shallowest
+    tree); in between trades the two. Returns GPU -> index of the edge into it."""
+    depth = {root: 0.0}
+    parent: dict[int, int] = {}
+    heap: list[tuple[float, int, int]] = []
+    for ei in out.get(root, []):
+        heapq.heappush(heap, (cost[ei] + lam * delay[ei], ei, e.dst[ei]))
+    while heap:
+        _, ei, v = heapq.heappop(heap)
+        if v in depth:
+            continue
+        depth[v] = depth[e.src[ei]] + delay[ei]
+        parent[v] = ei
+        for ej in out.get(v, []):
+            if e.dst[ej] not in depth:
+                heapq.heappush(heap, (cost[ej] + lam * (depth[v] + delay[ej]), ej, e.dst[ej]))
+    return parent
+
+
+def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str = "shortest") -> list[tuple[int, int, int, int]]:
+    """AllGather sends along one load-balanced broadcast tree per (source, chunk).
+
+    ``shape`` "shortest": fewest-epoch trees (Dijkstra), where ``spread`` weighs link load against
+    latency: 0 gives plain fewest-epoch trees (best when latency dominates), larger values push
+    later trees off loaded links. "cheapest": trees grown Prim-style (:func:`_grow`) under the link
+    time each edge consumes, inflated by the load already on it, plus ``spread`` times its depth:
+    a tree then crosses a thin cut once and copies on the far side (best when bandwidth
+    dominates), at the price of deeper trees."""
+    from flowride.synth.greedy import GreedyScheduler
+
+    if not demand.collective.multicast or demand.collective.reduces:
+        raise ValueError("tree_sends builds AllGather schedules; reductions use the reversed AllGather")
+    e = _gpu_edges(topo, timing)
+    n = topo.num_nodes
+    cap = np.array([lk.bytes_per_s for lk in topo.links])
+    link_load = np.zeros(len(topo.links))  # chunks
+    delay = np.array(e.delay, dtype=np.float64)
+    # a chunk's time on a link, in epochs, to put load and latency in the same unit
+    chunk_epochs = demand.chunk_bytes / (cap * timing.tau)
+    edge_links = [np.array(p) for p in e.links]
+    out: dict[int, list[int]] = {}
+    for i, a in enumerate(e.src):
+        out.setdefault(a, []).append(i)
+    trees: list[tuple[int, int, dict[int, int]]] = []
+    for q in sorted(demand.commodities, key=lambda q: (q.chunk, q.source)):
+        if shape == "cheapest":
+            w = np.array([float(((1 + link_load[ls]) * chunk_epochs[ls]).sum()) for ls in edge_links])
+            parent = _grow(q.source, e, out, w, delay, spread)
+        else:
+            w = delay + 1e-3 + spread * np.array([float((link_load[ls] * chunk_epochs[ls]).max()) for ls in edge_links])
+            parent = _tree(q.source, n, e, w)
+        for v in q.dests:
+            if v not in parent:
+                raise ValueError(f"GPU {v} is not reachable from GPU {q.source}")
+        used = {parent[v] for v in parent if topo.nodes[v].is_gpu}
+        for ei in used:
+            link_load[edge_links[ei]] += 1
+        trees.append((q.source, q.chunk, parent))
+
+    gs = GreedyScheduler(topo, timing)
+    # Place hops as they become ready (their sender holds the chunk), the hop with the tallest
+    # subtree below it first: a chunk that still has far to go should not queue behind leaves.
+    children: list[dict[int, list[int]]] = []
+    height: list[dict[int, float]] = []
+    for _s, _c, parent in trees:
+        kids: dict[int, list[int]] = {}
+        for v, ei in parent.items():
+            kids.setdefault(e.src[ei], []).append(v)
+        children.append(kids)
+        h: dict[int, float] = {}
+
+        def tall(v: int, kids=kids, h=h, parent=parent) -> float:
+            if v not in h:
+                h[v] = max((delay[parent[w]] + tall(w) for w in kids.get(v, [])), default=0.0)
+            return h[v]
+
+        for v in list(parent) + [_s]:
+            tall(v)
+        height.append(h)
+    heap: list[tuple[int, float, int, int]] = []
+    for ti, (s, _c, _p) in enumerate(trees):
+        for v in children[ti].get(s, []):
+            heapq.heappush(heap, (0, -height[ti][v] - delay[trees[ti][2][v]], ti, v))
+    while heap:
+        ready, _, ti, v = heapq.heappop(heap)
+        s, c, parent = trees[ti]
+        ei = parent[v]
+        t = gs._place_segment(s, c, e.links[ei], gs.held_at(s, c, e.src[ei]))
+        prev = gs.held_at(s, c, v)
+        if prev is None or t < prev:
+            gs.hold[(s, c, v)] = t
+        for w in children[ti].get(v, []):
+            heapq.heappush(heap, (t, -height[ti][w] - delay[parent[w]], ti, w))
+    return sorted(gs.sends)
+
+
+# Tree shapes tried by :func:`synthesize_trees`, cheapest first in wall time: each is a
+# (shape, spread) pair of :func:`tree_sends`; together they cover latency-bound (shallow) and
+# bandwidth-bound (cut crossed once, load spread) instances.
+TREE_VARIANTS: tuple[tuple[str, float], ...] = (("shortest", 0.5), ("cheapest", 2.0), ("cheapest", 0.5), ("cheapest", 0.1))
+
+
+def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = None, progress=None, lower: int = 0):
+    """The polynomial-time method: build the AllGather along packed trees in every shape of
+    :data:`TREE_VARIANTS` (while time is left; the first always runs), keep the one that finishes
+    first in the simulator's replay. Returns a :class:`~flowride.synth.horizon.SearchResult`
+    whose horizon is that replay's epoch count; ``lower`` is the caller's epoch lower bound."""
+    import time
+
+    from flowride.schedule.ir import Schedule
+    from flowride.schedule.simulate import simulate
+    from flowride.synth.horizon import Probe, SearchResult
+
+    t0 = time.perf_counter()
+    best: tuple[int, list] | None = None
+    probes: list[Probe] = []
+    timed_out = False
+    for i, (shape, spread) in enumerate(TREE_VARIANTS):
+        if best is not None and time_limit is not None and time.perf_counter() - t0 >= time_limit:
+            timed_out = True
+            break
+        ps = time.perf_counter()
+        sends = tree_sends(topo, demand, timing, spread, shape)
+        sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, sends))
+        if not sim.valid:  # the construction obeys the model's rules; this guards it
+            raise AssertionError(f"tree schedule ({shape}, {spread}) failed verification: {sim.first_violation}")
+        probes.append(Probe(int(sim.epochs), f"trees {shape}/{spread}", time.perf_counter() - ps, len(sends), 0))
+        if best is None or sim.epochs < best[0]:
+            best = (int(sim.epochs), sends)
+        if progress:
+            progress({"stage": "trees", "variant": f"{shape}/{spread}", "i": i + 1, "of": len(TREE_VARIANTS),
+                      "epochs": int(sim.epochs), "best": best[0], "lo": lower, "elapsed": time.perf_counter() - t0})
+        if best[0] <= lower:
+            break
+    assert best is not None
+    return SearchResult(best[1], best[0], min(lower, best[0]), timed_out, probes, solver_seconds=time.perf_counter() - t0)
