@@ -200,8 +200,14 @@ def test_lower_bounds_are_positive_and_consistent(topo, collective, size):
     demand = make_demand(topo, collective, size)
     b = lower_bounds(topo, demand)
     assert b.ingress_s > 0 and b.cut_s >= 0 and b.latency_s >= 0
-    assert b.best_s == max(b.ingress_s, b.cut_s, b.latency_s)
-    assert b.binding in ("ingress", "cut", "latency")
+    assert b.best_s == max(b.ingress_s, b.cut_s, b.latency_s, b.forest_s, b.flow_s)
+    assert b.binding in ("ingress", "cut", "latency", "forest", "flow")
+    # ForestColl's cut (AllGather) and the concurrent flow (AlltoAll) are at least every cut
+    # bound, the single GPU's (ingress) and the chassis' included
+    if demand.collective.multicast:
+        assert b.forest_s >= max(b.ingress_s, b.cut_s) * (1 - 1e-6) and b.flow_s == 0
+    else:
+        assert b.flow_s >= max(b.ingress_s, b.cut_s) * (1 - 1e-4) and b.forest_s == 0
     # ingress: the neediest GPU over the sum of its in-link bandwidths
     needs = demand.needs()
     expect = max(needs[g] * demand.chunk_bytes / sum(topo.links[i].bytes_per_s for i in topo.in_links(g)) for g in needs)

@@ -61,8 +61,7 @@ class SynthOutcome:
             "algbw_GBps": algbw_GBps(self.demand.size_bytes, fin),
             "lower_bound_us": lb * 1e6,
             "lower_bound_kind": self.bounds.binding,
-            "lower_bounds_us": {"ingress": self.bounds.ingress_s * 1e6, "cut": self.bounds.cut_s * 1e6,
-                                "latency": self.bounds.latency_s * 1e6, "forest": self.bounds.forest_s * 1e6},
+            "lower_bounds_us": {k: v * 1e6 for k, v in self.bounds.kinds().items()},
             "ratio_to_lower_bound": fin / lb if lb > 0 else None,
             "baseline": self.baseline_name,
             "baseline_us": self.baseline.finish_time_s * 1e6,
@@ -145,14 +144,16 @@ def synthesize(
     base_sim = simulate(base_sched)
     if not base_sim.valid:  # the baseline is built by the same rules; this guards the builder
         raise AssertionError(f"baseline {base_name} failed verification: {base_sim.first_violation}")
-    eb = epoch_lower_bound(topo, demand, timing, D)
+
+    def left() -> float | None:
+        return None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
+
+    bounds = lower_bounds(topo, demand, left())
+    eb = epoch_lower_bound(topo, demand, timing, D, left())
     lo = max(eb.values())
     hi = int(base_sim.epochs)
     if progress:
         progress({"stage": "bounds", "lo": lo, "hi": hi, "baseline": base_name})
-
-    def left() -> float | None:
-        return None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
 
     chosen = method
     fallback_sends, fallback_name = None, base_name
@@ -161,12 +162,16 @@ def synthesize(
         trees = synthesize_trees(topo, demand, timing, left() if method == "trees" else None, progress, min(lo, hi))
         if trees.T < hi or method == "trees":
             fallback_sends, fallback_name, hi = trees.sends, "trees", min(hi, trees.T)
-    size = milp_size(topo, demand, timing, hi, D) if chosen in ("auto", "milp") else None
+    size = milp_size(topo, demand, timing, hi, D) if chosen == "milp" or (chosen == "auto" and demand.collective.multicast) else None
     if chosen == "auto":
-        if size.columns <= AUTO_MILP_COLUMNS and size.fits(memory_limit):
+        # copy-free demands: the LP route is exact where its integral polish runs (an integral
+        # flow is a schedule) and far smaller than the MILP (docs/synthesis.md)
+        if not demand.collective.multicast:
+            chosen = "lp"
+        elif size.columns <= AUTO_MILP_COLUMNS and size.fits(memory_limit):
             chosen = "milp"
         else:
-            chosen = "trees" if demand.collective.multicast else "lp"
+            chosen = "trees"
     if chosen == "milp" and not size.fits(memory_limit):
         other = "trees or astar" if demand.collective.multicast else "lp"
         raise InputError("method", f"the MILP would need {describe(size)}, over the {memory_limit / 2**30:.0f} GiB memory limit",
@@ -185,8 +190,9 @@ def synthesize(
     elif chosen == "lp":
         from flowride.synth.lp import synthesize_lp
 
-        demand, search = synthesize_lp(topo, demand, timing, left(), progress, D)
+        demand, search = synthesize_lp(topo, demand, timing, left(), progress, D, memory_limit=memory_limit)
         search.lower = max(search.lower, min(lo, search.T))
+        used = search.method  # "direct" where the direct AlltoAll was not beaten
     else:  # astar
         from flowride.synth.astar import synthesize_astar
 
@@ -220,7 +226,7 @@ def synthesize(
         schedule=sched,
         sim=sim,
         demand=demand,
-        bounds=lower_bounds(topo, demand),
+        bounds=bounds,
         baseline_name=base_name,
         baseline=base_sim,
         search=search,

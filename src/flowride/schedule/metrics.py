@@ -5,7 +5,9 @@
   chunk, copies are made inside; for AlltoAll once per destination);
 - latency: the alpha of the lowest-latency path between the farthest source/destination pair;
 - forest (AllGather, ReduceScatter, AllReduce): ForestColl's bound, the cut bound over *every*
-  set of nodes rather than the declared chassis, found by max-flow (:mod:`flowride.synth.trees`).
+  set of nodes rather than the declared chassis, found by max-flow (:mod:`flowride.synth.trees`);
+- flow (AlltoAll): the multi-commodity analogue, the time of the maximum concurrent flow (a static
+  LP, :mod:`flowride.synth.lp_static`), at least every cut bound, the bisection of a torus included.
 The largest is the floor a schedule is measured against.
 
 Reducing collectives are bounded by duality: a ReduceScatter run backwards in time is an AllGather
@@ -34,15 +36,20 @@ class Bounds:
     cut_s: float
     latency_s: float
     forest_s: float = 0.0  # ForestColl's max-flow bound over every cut (AllGather-like collectives)
+    flow_s: float = 0.0  # the maximum concurrent flow's time (AlltoAll)
+
+    def kinds(self) -> dict[str, float]:
+        return {"ingress": self.ingress_s, "cut": self.cut_s, "latency": self.latency_s, "forest": self.forest_s,
+                "flow": self.flow_s}
 
     @property
     def best_s(self) -> float:
-        return max(self.ingress_s, self.cut_s, self.latency_s, self.forest_s)
+        return max(self.kinds().values())
 
     @property
     def binding(self) -> str:
-        kinds = (("ingress", self.ingress_s), ("cut", self.cut_s), ("latency", self.latency_s), ("forest", self.forest_s))
-        return max(kinds, key=lambda t: t[1])[0]
+        k = self.kinds()
+        return max(k, key=k.__getitem__)
 
 
 def entering(demand: Demand, inside: frozenset[int]) -> int:
@@ -57,7 +64,9 @@ def entering(demand: Demand, inside: frozenset[int]) -> int:
     return n
 
 
-def lower_bounds(topo: Topology, demand: Demand) -> Bounds:
+def lower_bounds(topo: Topology, demand: Demand, time_limit: float | None = None) -> Bounds:
+    """Every bound of the collective. ``time_limit`` caps the static LP of the flow bound (large
+    topologies, once per topology: it is cached); cut short, that bound is left out (0)."""
     if demand.collective is Collective.ALLREDUCE:
         rs = lower_bounds(topo, make_demand(topo, Collective.REDUCESCATTER, demand.size_bytes, demand.chunks))
         ag = lower_bounds(topo, make_demand(topo, Collective.ALLGATHER, demand.size_bytes, demand.chunks))
@@ -82,10 +91,14 @@ def lower_bounds(topo: Topology, demand: Demand) -> Bounds:
     for q in demand.commodities:
         for d in q.dests:
             lat = max(lat, float(A[q.source, d]))
-    forest = 0.0
+    forest = flow = 0.0
     if demand.collective.multicast:
         forest = _forest_s(topo, demand, reverse=False)
-    return Bounds(ingress, cut, max(0.0, lat - 1e-12), forest)
+    elif demand.collective is Collective.ALLTOALL:
+        from flowride.synth.lp_static import concurrent_flow
+
+        flow = concurrent_flow(topo, time_limit).finish_s(demand.chunk_bytes * demand.chunks)
+    return Bounds(ingress, cut, max(0.0, lat - 1e-12), forest, flow)
 
 
 def _forest_s(topo: Topology, demand: Demand, reverse: bool) -> float:

@@ -25,6 +25,9 @@ MEMORY_LIMIT_BYTES = 8 * 2**30  # the solver process must stay under this on any
 BASE_BYTES = 400 * 2**20  # interpreter, numpy/scipy/networkx/highspy, before any model
 BYTES_PER_COLUMN = 6_000  # measured 3.2-3.6 KB per column at peak (build + first-feasible solve), with margin
 AUTO_MILP_COLUMNS = 200_000  # above this the auto method does not try the full MILP (it would take minutes)
+LP_BYTES_PER_COLUMN = 2_000  # measured about 1 KB per column at peak (build + simplex), with margin
+LP_MAX_COLUMNS = 400_000  # above this the time-expanded LP gives way to the static LP (flowride.synth.lp)
+STATIC_BYTES_PER_COLUMN = 4_000  # the static LP (interior point, then crossover), with margin
 
 
 @dataclass(frozen=True)
@@ -65,3 +68,28 @@ def milp_size(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: np
 
 def describe(size: MilpSize) -> str:
     return f"{size.columns:,} columns at {size.T} epochs, about {size.bytes / 2**30:.1f} GiB"
+
+
+def lp_size(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: np.ndarray) -> int:
+    """Columns of the LP form at horizon ``T`` (one commodity per source, see
+    :func:`flowride.synth.lp.build_lp_index`): sends per (source, link, epoch) in the window the
+    data can use, holdovers and deliveries per (source, GPU, epoch)."""
+    src = np.array(sorted({q.source for q in demand.commodities}), dtype=np.int64)
+    l_src = np.array([lk.src for lk in topo.links], dtype=np.int64)
+    l_dst = np.array([lk.dst for lk in topo.links], dtype=np.int64)
+    start = D[src].astype(np.int64)  # (S, N)
+    start[np.arange(len(src)), src] = 0
+    dests: dict[int, set[int]] = {}
+    for q in demand.commodities:
+        dests.setdefault(q.source, set()).update(q.dests)
+    Rs = np.stack([D[:, sorted(dests[int(s)])].min(axis=1) for s in src])  # (S, N) epochs to need
+    span = np.clip(T - timing.hop_delay[None, :] - Rs[:, l_dst] - start[:, l_src] + 1, 0, None)
+    span[l_dst[None, :] == src[:, None]] = 0
+    gpus = np.array(topo.gpus)
+    hold = np.clip(T - start[:, gpus] + 1, 0, None)
+    return int(span.sum()) + 2 * int(hold.sum())
+
+
+def static_lp_bytes(topo: Topology) -> int:
+    """Memory the static LP of the uniform AlltoAll needs: a flow column per (source GPU, link)."""
+    return BASE_BYTES + STATIC_BYTES_PER_COLUMN * len(topo.gpus) * len(topo.links)

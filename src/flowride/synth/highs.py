@@ -43,6 +43,7 @@ class SolveOptions:
     first_feasible: bool = False  # stop at the first feasible solution (feasibility probes)
     log: bool = False
     start: np.ndarray | None = None  # a feasible starting solution, if known
+    solver: str | None = None  # HiGHS's "solver" option (simplex, ipm, ...); None: its choice
 
 
 @dataclass
@@ -75,6 +76,8 @@ def solve(model: MipModel, opts: SolveOptions) -> SolveResult:
         h.setOptionValue("threads", int(opts.threads))
     if opts.first_feasible:
         h.setOptionValue("mip_max_improving_sols", 1)
+    if opts.solver is not None:
+        h.setOptionValue("solver", opts.solver)
 
     lp = highspy.HighsLp()
     lp.num_col_ = model.num_cols

@@ -85,24 +85,34 @@ def cut_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray
     return _last_entry_epoch(into, releases, timing) + int(spread or 0)
 
 
-def epoch_lower_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray | None = None) -> dict[str, int]:
+def epoch_lower_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray | None = None,
+                      time_limit: float | None = None) -> dict[str, int]:
     """Sound lower bounds on the epochs any schedule needs, by kind: the latency of the farthest
-    delivery, each GPU's ingress, and each chassis cut (with the spread inside after the cut)."""
+    delivery, each GPU's ingress, each chassis cut (with the spread inside after the cut), and
+    the fluid floor over every cut (forest or flow). ``time_limit`` caps the static LP of the flow
+    bound (see :func:`flowride.synth.lp_static.concurrent_flow`)."""
     if D is None:
         D = epoch_distances(topo, timing)
     lat = max(int(D[q.source, d]) for q in demand.commodities for d in q.dests)
     ingress = max(cut_bound(topo, demand, timing, D, {g}) for g in demand.needs())
     cut = max((cut_bound(topo, demand, timing, D, set(inside)) for inside in topo.cut_sets()), default=0)
     out = {"latency": lat, "ingress": ingress, "cut": cut}
-    if demand.collective.multicast and not demand.collective.reduces and not topo.teccl_compat:
-        # ForestColl's cut over every node set. A send must arrive by T, so a link starts chunks in
-        # at most T - a + 1 epochs, at most window_cap per b + 1 of them: it delivers at most
-        # (T + 1) * cap chunks, and (T + 1) * tau is at least the fluid floor. (The TE-CCL compat
-        # model lets switch -> GPU hops skip beta, which breaks that count: no forest bound there.)
-        from flowride.synth.trees import forest_bound
+    if not topo.teccl_compat and not demand.collective.reduces:
+        # ForestColl's cut over every node set (AllGather), the maximum concurrent flow (AlltoAll).
+        # A send must arrive by T, so a link starts chunks in at most T - a + 1 epochs, at most
+        # window_cap per b + 1 of them: it carries at most (T + 1) * cap chunks, and (T + 1) * tau
+        # is at least the fluid floor. (The TE-CCL compat model lets switch -> GPU hops skip beta,
+        # which breaks that count: no such bound there.)
+        block = demand.chunk_bytes * demand.chunks
+        if demand.collective.multicast:
+            from flowride.synth.trees import forest_bound
 
-        fluid = forest_bound(topo).seconds(demand.chunk_bytes * demand.chunks)
-        out["forest"] = max(0, int(math.ceil(fluid / timing.tau - 1e-6)) - 1)
+            kind, fluid = "forest", forest_bound(topo).seconds(block)
+        else:
+            from flowride.synth.lp_static import concurrent_flow
+
+            kind, fluid = "flow", concurrent_flow(topo, time_limit).finish_s(block)
+        out[kind] = max(0, int(math.ceil(fluid / timing.tau - 1e-6)) - 1)
     return out
 
 

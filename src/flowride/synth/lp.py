@@ -46,8 +46,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from flowride.collectives.demand import Demand, make_demand
+from flowride.errors import InputError
 from flowride.schedule.ir import Schedule
 from flowride.schedule.simulate import simulate
+from flowride.synth.budget import LP_MAX_COLUMNS, MEMORY_LIMIT_BYTES, lp_size, static_lp_bytes
 from flowride.synth.greedy import GreedyScheduler, LinkBook, direct_alltoall
 from flowride.synth.highs import MipModel, SolveOptions, solve
 from flowride.synth.horizon import Probe, SearchResult, epoch_lower_bound
@@ -673,6 +675,7 @@ class LpSearch(SearchResult):
     rounding_loss: float = 0.0
     fallback_chunks: int = 0  # (pieces of) chunks sent along fewest-epoch routes, not LP paths
     method: str = "lp"  # lp | direct (no LP solved in time, or its decomposition was rejected)
+    static: bool = False  # the instance was too large to expand in time: the static LP's paths
 
 
 def _realize(topo, demand, timing, paths: list[FlowPath], pieces_per_unit: int) -> tuple[list[Send], int, int] | None:
@@ -749,6 +752,27 @@ class _Level:
         return self.best is None or self.best.T > self.lower
 
 
+def _static(topo, demand, timing, one: _Level, base, base_T: int, time_limit, report) -> LpSearch:
+    """The static LP's paths list-scheduled at ``timing``; the direct AlltoAll if that is not
+    sooner or the LP is not solved in time."""
+    from flowride.synth.lp_static import concurrent_flow, static_paths
+
+    ps = time.perf_counter()
+    report("static-lp", columns=len(topo.links) * len(topo.gpus))
+    cf = concurrent_flow(topo, time_limit)
+    probe = Probe(0, "static " + cf.status, time.perf_counter() - ps, len(cf.f_s) + 1, 0)
+    one.offer(Candidate(base_T, base, 0.0, 0, "direct"))
+    if cf.status == "optimal":
+        sends, fb = schedule_paths(topo, demand, timing, static_paths(topo, demand, cf), 1, at_lp_epochs=False)
+        sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, sends))
+        if sim.valid:  # the scheduler keeps the simulator's rules; this guards it
+            one.offer(Candidate(int(sim.epochs), sends, 0.0, fb, "lp"))
+            report("decompose", static=True, epochs=int(sim.epochs), lower=one.lower)
+    b = one.best
+    return LpSearch(b.sends, b.T, one.lower, cf.status != "optimal", [probe], solver_seconds=cf.seconds,
+                    fallback_chunks=b.fallback, method=b.method, static=True)
+
+
 def synthesize_lp(
     topo: Topology,
     demand: Demand,
@@ -758,6 +782,8 @@ def synthesize_lp(
     D: np.ndarray | None = None,
     max_pieces: int = 8,
     polish_seconds: float = 10.0,
+    max_columns: int = LP_MAX_COLUMNS,
+    memory_limit: int = MEMORY_LIMIT_BYTES,
 ) -> tuple[Demand, LpSearch]:
     """AlltoAll (any copy-free demand) through the LP form and its decomposition.
 
@@ -848,9 +874,16 @@ def synthesize_lp(
             lvl.lower = T + 1  # no integral flow, so no schedule, in T epochs
             T += 1
 
-    one = _Level(1, demand, timing, D, max(epoch_lower_bound(topo, demand, timing, D).values()))
+    one = _Level(1, demand, timing, D, max(epoch_lower_bound(topo, demand, timing, D, left()).values()))
     base = direct_alltoall(topo, demand, timing)
     base_T = int(simulate(Schedule.from_tuples(topo, demand, timing.tau, base)).epochs)
+    if lp_size(topo, demand, timing, int(one.lower * 1.1) + 1, D) > max_columns:
+        # too large to expand in time: the static LP (bandwidth decides such instances)
+        need = static_lp_bytes(topo)
+        if need > memory_limit:
+            raise InputError("method", f"the static LP would need about {need / 2**30:.1f} GiB, over the "
+                             f"{memory_limit / 2**30:.0f} GiB memory limit", "raise --memory-limit, or split the topology")
+        return demand, _static(topo, demand, timing, one, base, base_T, left(), report)
     hz = lp_search(one, base_T, None)
     if hz.T is None:
         return demand, LpSearch(base, base_T, one.lower, timed_out, probes, solver_seconds=solver_s, method="direct")
@@ -859,8 +892,9 @@ def synthesize_lp(
     need = {(int(sources[a]), int(b)): int(need_arr[a, b]) for a, b in zip(*np.nonzero(need_arr), strict=True)}
     paths = decompose_flow(topo, timing, hz.idx, hz.x)
     realize(one, paths, 1, hz.T, rounding_loss(paths, need, 1))
-    if one.best is None:  # cannot happen (the scheduler keeps the rules); the baseline verifies
-        one.offer(Candidate(base_T, base, 0.0, 0, "direct"))
+    # the direct AlltoAll is a schedule of this demand too: list scheduling the LP's paths may
+    # lose to it by an epoch where the LP's own horizon is the direct one (one switch, say)
+    one.offer(Candidate(base_T, base, 0.0, 0, "direct"))
     polish(one)
     levels = [one]
 

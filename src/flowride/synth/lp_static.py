@@ -1,0 +1,207 @@
+"""The static LP for copy-free demands too large to expand in time: a max-concurrent flow.
+
+The time-expanded LP (:mod:`flowride.synth.lp`) has a column per (source, link, epoch). On a
+256-GPU torus an AlltoAll spans hundreds of epochs and even the coarsest epochs leave millions of
+columns (every source's data still needs the diameter's worth of epochs). Bandwidth, not timing,
+decides such instances, so this form drops time altogether: one commodity per source, a flow
+``f[s, l] >= 0`` (GB) on every link for one GB per (source, destination) pair, and the time
+``theta`` (seconds) it takes:
+
+- :func:`flow_conserved_at_every_node`: what enters a node for source s leaves it, except at a
+  GPU that needs s's data, which keeps exactly its need (the source supplies the sum);
+- :func:`links_carry_their_rate`: over theta seconds a link carries at most ``cap * theta`` GB:
+  ``sum_s f[s, l] - cap_l * theta <= 0``;
+- objective: the smallest theta, plus a tiny cost per GB per hop so no flow wanders.
+
+theta is a sound floor for any AlltoAll schedule (the multi-commodity analogue of ForestColl's
+cut bound, and at least every cut bound): averaged over its finish time, any schedule is a
+concurrent flow, which needs at least theta per GB. Flows and theta scale with the bytes per
+pair, so one solve per topology (:func:`concurrent_flow`, cached) gives the bound of every size
+(:mod:`flowride.schedule.metrics`) and the paths of the method: the flow is split into paths per
+(source, destination) (:func:`decompose_static`) and list-scheduled at the caller's epochs by
+:func:`flowride.synth.lp.schedule_paths`, in rounds of increasing ring offset (as the direct
+AlltoAll) so every link is fed from the start.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from flowride.collectives.demand import Demand
+from flowride.synth.highs import MipModel, SolveOptions, solve
+from flowride.synth.lp import FLOW_EPS, FlowPath, unicast_needs
+from flowride.topology.model import Topology
+
+
+def _ends(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
+    return (np.array([lk.src for lk in topo.links], dtype=np.int64),
+            np.array([lk.dst for lk in topo.links], dtype=np.int64))
+
+
+def flow_conserved_at_every_node(topo: Topology, need: np.ndarray, f_s: np.ndarray, f_l: np.ndarray,
+                                 sources: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows (s, v): inflow - outflow of s's data at node v = need[s, v] (the source: minus its
+    whole supply). Returns COO (rows, cols, vals) and the right-hand sides."""
+    S, N = need.shape
+    l_src, l_dst = _ends(topo)
+    col = np.arange(len(f_s))
+    rows = np.concatenate([f_s * N + l_dst[f_l], f_s * N + l_src[f_l]])
+    vals = np.concatenate([np.ones(len(f_s)), -np.ones(len(f_s))])
+    rhs = need.astype(np.float64).copy()
+    rhs[np.arange(S), sources] = -need.sum(axis=1)
+    return rows, np.concatenate([col, col]), vals, rhs.ravel()
+
+
+def links_carry_their_rate(cap: np.ndarray, f_l: np.ndarray, theta_col: int, row0: int, nlinks: int):
+    """Rows l: sum_s f[s, l] - cap_l * theta <= 0 (over theta seconds a link carries at most
+    cap_l * theta GB)."""
+    rows = np.concatenate([row0 + f_l, row0 + np.arange(nlinks)])
+    cols = np.concatenate([np.arange(len(f_l)), np.full(nlinks, theta_col)])
+    vals = np.concatenate([np.ones(len(f_l)), -np.asarray(cap, dtype=np.float64)])
+    return rows, cols, vals
+
+
+@dataclass(frozen=True)
+class ConcurrentFlow:
+    """The static LP of the uniform AlltoAll on a topology, for one GB per (source, destination)
+    pair: its time and flows. Both scale with the bytes per pair, so one solve serves every size
+    and chunk count (the bound and the method share it)."""
+
+    seconds_per_GB: float  # theta: fluid finish time per GB each source sends each destination
+    sources: np.ndarray
+    need: np.ndarray  # [S, N], 1 where the node needs the source's data
+    f_s: np.ndarray
+    f_l: np.ndarray
+    flow: np.ndarray  # GB per flow column
+    status: str
+    seconds: float  # solver time
+
+    def finish_s(self, pair_bytes: float) -> float:
+        """The fluid floor of an AlltoAll that moves ``pair_bytes`` per pair, less what the hop
+        cost may have added to theta (1e-6 of it) and a margin for the solver's tolerance."""
+        return self.seconds_per_GB * (1 - 1e-5) * pair_bytes / 1e9
+
+
+def build_static(topo: Topology) -> tuple[MipModel, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The static LP of the uniform AlltoAll (1 GB per pair, capacities in GB/s) as one bulk
+    model. Returns (model, sources, need, f_s, f_l); the last column is theta in seconds."""
+    gpus = np.array(topo.gpus, dtype=np.int64)
+    N = topo.num_nodes
+    need = np.zeros((len(gpus), N), dtype=np.int64)
+    need[:, gpus] = 1
+    need[np.arange(len(gpus)), gpus] = 0
+    sources = gpus
+    S = len(gpus)
+    l_src, l_dst = _ends(topo)
+    L = len(l_src)
+    ok = l_dst[None, :] != sources[:, None]  # a source's data never needs to enter the source again
+    f_s, f_l = np.nonzero(ok)
+    nf = len(f_s)
+    r1, c1, v1, rhs = flow_conserved_at_every_node(topo, need, f_s, f_l, sources)
+    r2, c2, v2 = links_carry_their_rate(np.array([lk.bandwidth_GBps for lk in topo.links]), f_l, nf, S * N, L)
+    A = sp.csc_matrix((np.concatenate([v1, v2]), (np.concatenate([r1, r2]), np.concatenate([c1, c2]))),
+                      shape=(S * N + L, nf + 1))
+    # A tiny cost per GB per hop keeps flows on short paths. An optimal flow has no cycles, so no
+    # unit crosses more than N - 1 links: the hops together then weigh at most 1e-6 of the
+    # ingress floor (a lower bound on theta), which is all they can move theta by.
+    bw = np.array([lk.bandwidth_GBps for lk in topo.links])
+    ingress = max((S - 1) / bw[l_dst == g].sum() for g in gpus.tolist())
+    hop = 1e-6 * ingress / (float(need.sum()) * max(1, N - 1))
+    model = MipModel(
+        cost=np.concatenate([np.full(nf, hop), [1.0]]),
+        lb=np.zeros(nf + 1),
+        ub=np.full(nf + 1, np.inf),
+        integer=np.zeros(nf + 1, dtype=bool),
+        A=A,
+        row_lo=np.concatenate([rhs, np.full(L, -np.inf)]),
+        row_hi=np.concatenate([rhs, np.zeros(L)]),
+        row_names={"flow_conserved_at_every_node": (0, S * N), "links_carry_their_rate": (S * N, S * N + L)},
+    )
+    return model, sources, need, f_s, f_l
+
+
+_CACHE: dict[tuple, tuple[ConcurrentFlow, float | None]] = {}  # key -> (result, time limit it had)
+
+
+def concurrent_flow(topo: Topology, time_limit: float | None = None) -> ConcurrentFlow:
+    """The static LP of ``topo``'s uniform AlltoAll, solved once per link set (interior point:
+    simplex needs minutes on a 256-GPU torus where IPM needs half a minute). A solve cut short
+    by ``time_limit`` comes back with status other than "optimal" and theta 0 (no bound); it is
+    tried again only when a later call allows more time."""
+    key = (topo.gpus, topo.num_nodes, tuple((lk.src, lk.dst, lk.bandwidth_GBps) for lk in topo.links))
+    if key in _CACHE:
+        out, limit = _CACHE[key]
+        if out.status == "optimal" or (limit is not None and time_limit is not None and time_limit <= limit):
+            return out
+    model, sources, need, f_s, f_l = build_static(topo)
+    res = solve(model, SolveOptions(time_limit=time_limit, solver="ipm"))
+    ok = res.status == "optimal" and res.x is not None
+    out = ConcurrentFlow(float(res.x[-1]) if ok else 0.0, sources, need, f_s, f_l,
+                         res.x[:-1] if ok else np.zeros(len(f_s)), res.status, res.seconds)
+    if len(_CACHE) > 16:
+        _CACHE.clear()
+    _CACHE[key] = (out, time_limit)
+    return out
+
+
+def static_paths(topo: Topology, demand: Demand, cf: ConcurrentFlow) -> list[FlowPath]:
+    """The concurrent flow scaled to ``demand``'s chunks per pair and split into paths."""
+    sources, need = unicast_needs(topo, demand)
+    if not (np.array_equal(sources, cf.sources) and (need == need.max() * cf.need).all()):
+        raise ValueError("the static LP is solved for the uniform AlltoAll")
+    k = float(need.max())
+    return decompose_static(topo, cf.sources, need, cf.f_s, cf.f_l, cf.flow * k)
+
+
+def decompose_static(topo: Topology, sources: np.ndarray, need: np.ndarray, f_s: np.ndarray, f_l: np.ndarray,
+                     flow: np.ndarray) -> list[FlowPath]:
+    """Flow decomposition per source: walk from the source along the fattest arc with flow left
+    until a GPU whose need is not yet covered, take the bottleneck (at most that need) off the
+    walk; a walk that comes back to a node it passed closes a cycle, whose flow is only cancelled.
+    Each path's hops carry ``(link, round + hop index)``: round = the destination's ring offset from
+    the source, so scheduling pieces in that order feeds every link from the first epoch."""
+    l_src, l_dst = _ends(topo)
+    gpus = list(topo.gpus)
+    pos = {g: i for i, g in enumerate(gpus)}
+    n = len(gpus)
+    paths: list[FlowPath] = []
+    for si, s in enumerate(sources.tolist()):
+        sel = np.flatnonzero((f_s == si) & (flow > FLOW_EPS))
+        rem = dict(zip(f_l[sel].tolist(), flow[sel].tolist(), strict=True))
+        out: dict[int, list[int]] = defaultdict(list)
+        for li in rem:
+            out[int(l_src[li])].append(li)
+        left = {int(v): float(need[si, v]) for v in np.flatnonzero(need[si])}
+        while any(x > FLOW_EPS for x in left.values()):
+            node, arcs, seen = s, [], {s: 0}
+            while True:
+                cand = [li for li in out.get(node, ()) if rem[li] > FLOW_EPS]
+                if not cand:
+                    break
+                li = max(cand, key=rem.__getitem__)
+                arcs.append(li)
+                node = int(l_dst[li])
+                if node in seen:  # a cycle: cancel it and walk on from where it began
+                    cyc = arcs[seen[node]:]
+                    amt = min(rem[a] for a in cyc)
+                    for a in cyc:
+                        rem[a] -= amt
+                    arcs = arcs[: seen[node]]
+                    seen = {v: i for v, i in seen.items() if i <= seen[node]}
+                    continue
+                seen[node] = len(arcs)
+                if left.get(node, 0.0) > FLOW_EPS:
+                    break
+            if not arcs or left.get(node, 0.0) <= FLOW_EPS:
+                break  # only solver noise is left
+            amt = min(min(rem[a] for a in arcs), left[node])
+            for a in arcs:
+                rem[a] -= amt
+            left[node] -= amt
+            r = (pos[node] - pos[s]) % n
+            paths.append(FlowPath(s, node, amt, [(li, r + i) for i, li in enumerate(arcs)]))
+    return paths
