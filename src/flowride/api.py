@@ -19,7 +19,14 @@ from flowride.schedule.prune import prune_redundant
 from flowride.schedule.simulate import SimResult, simulate
 from flowride.synth.budget import AUTO_MILP_COLUMNS, MEMORY_LIMIT_BYTES, describe, milp_size
 from flowride.synth.greedy import baseline_sends
-from flowride.synth.horizon import Progress, SearchResult, bisect_horizon, epoch_lower_bound
+from flowride.synth.horizon import (
+    DEFAULT_SPEEDUPS,
+    Progress,
+    SearchResult,
+    Speedups,
+    bisect_horizon,
+    epoch_lower_bound,
+)
 from flowride.synth.reach import epoch_distances
 from flowride.synth.trees import synthesize_trees
 from flowride.topology.model import Topology
@@ -118,6 +125,7 @@ def synthesize(
     progress: Progress | None = None,
     method: str = "auto",
     memory_limit: int = MEMORY_LIMIT_BYTES,
+    speedups: Speedups = DEFAULT_SPEEDUPS,
 ) -> SynthOutcome:
     """The fastest schedule ``method`` can find, verified by the simulator.
 
@@ -128,14 +136,15 @@ def synthesize(
     - ``trees`` (AllGather): polynomial-time packed broadcast trees (ForestColl-style);
     - ``auto``: the MILP when its size is modest, else trees (AllGather) or the LP (AlltoAll).
     Reductions (ReduceScatter, AllReduce) are built from AllGathers run backwards
-    (:func:`synthesize_reduction`) with the same method."""
+    (:func:`synthesize_reduction`) with the same method. ``speedups`` says which accelerations
+    the MILP search uses (:class:`~flowride.synth.horizon.Speedups`)."""
     t0 = time.perf_counter()
     if time_limit is not None and not time_limit > 0:
         raise InputError("time_limit", f"{time_limit} is not positive", "give seconds above zero or leave it out")
     demand = make_demand(topo, collective, size_bytes, chunks)
     method = check_method(method, demand)
     if demand.collective.reduces:
-        return synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, progress, t0, method, memory_limit)
+        return synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, progress, t0, method, memory_limit, speedups)
     timing = epoch_timing(topo, demand.chunk_bytes, epoch)
     D = epoch_distances(topo, timing)
 
@@ -157,7 +166,7 @@ def synthesize(
 
     chosen = method
     fallback_sends, fallback_name = None, base_name
-    if demand.collective.multicast and method in ("auto", "milp", "trees"):
+    if demand.collective.multicast and (method == "trees" or (method in ("auto", "milp") and speedups.incumbent)):
         # the tree construction is cheap: the method itself, or the incumbent that caps the MILP search
         trees = synthesize_trees(topo, demand, timing, left() if method == "trees" else None, progress, min(lo, hi))
         if trees.T < hi or method == "trees":
@@ -181,7 +190,18 @@ def synthesize(
 
     used = chosen
     if chosen == "milp":
-        search = bisect_horizon(topo, demand, timing, min(lo, hi), hi, left(), mip_gap, threads, progress, D)
+        if speedups.warm_start:
+            warm = _coarse_to_fine(topo, demand, timing, epoch, left(), mip_gap, threads, speedups)
+            if warm is not None and warm[0] < hi:
+                hi, fallback_sends, fallback_name = warm[0], warm[1], "warm start"
+        sym = None
+        if speedups.symmetry and demand.collective is Collective.ALLGATHER:
+            from flowride.synth.symmetry import source_symmetry
+
+            sym = source_symmetry(topo)
+        start = min(lo, hi) if speedups.bounds else min(eb["latency"], hi)
+        search = bisect_horizon(topo, demand, timing, start, hi, left(), mip_gap, threads, progress, D, sym, speedups.parallel)
+        search.lower = max(search.lower, min(lo, search.T))  # the bounds hold whether the search began at them or not
         if search.sends is None:
             used = fallback_name
             search.sends = fallback_sends
@@ -236,6 +256,26 @@ def synthesize(
     )
 
 
+def _coarse_to_fine(topo, demand, timing, epoch, time_limit, mip_gap, threads, speedups) -> tuple[int, list] | None:
+    """The warm start: the MILP at the slow preset (fewer, longer epochs: a much smaller model),
+    its schedule retimed to ``timing``. Returns (epochs, sends), or None when the slow epochs are
+    no longer than these."""
+    from dataclasses import replace
+
+    from flowride.synth.greedy import retime
+    from flowride.topology.timing import resolve_tau
+
+    slow_tau, _ = resolve_tau(topo, demand.chunk_bytes, "slow")
+    if slow_tau <= timing.tau * (1 + 1e-9):
+        return None
+    budget = None if time_limit is None else time_limit / 4
+    slow = synthesize(topo, demand.collective, demand.size_bytes, "slow", demand.chunks, budget, mip_gap, threads,
+                      None, "milp", speedups=replace(speedups, warm_start=False))
+    sends = retime(topo, [(x.epoch, x.link, x.source, x.chunk) for x in slow.schedule.sends], slow.schedule.timing, timing)
+    sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, sends))
+    return (int(sim.epochs), sends) if sim.valid else None
+
+
 def symmetric(topo: Topology) -> bool:
     """Every link has a way back with the same bandwidth and latency."""
     idx = topo.link_index
@@ -247,7 +287,7 @@ def symmetric(topo: Topology) -> bool:
 
 
 def synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, progress, t0, method="auto",
-                         memory_limit=MEMORY_LIMIT_BYTES) -> SynthOutcome:
+                         memory_limit=MEMORY_LIMIT_BYTES, speedups: Speedups = DEFAULT_SPEEDUPS) -> SynthOutcome:
     """ReduceScatter: the AllGather synthesized on the reversed topology, run backwards in time.
     AllReduce: that ReduceScatter, then the AllGather on the topology itself (the same schedule when
     the links are symmetric). The baseline is the ring AllGather treated the same way.
@@ -262,12 +302,12 @@ def synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, prog
     budget = time_limit if not is_ar or same or time_limit is None else time_limit / 2
     rev_topo = topo if same else topo.reversed()
     rev = synthesize(rev_topo, Collective.ALLGATHER, demand.size_bytes, epoch, demand.chunks, budget, mip_gap, threads, progress,
-                     method, memory_limit)
+                     method, memory_limit, speedups)
     fwd = rev
     if is_ar and not same:
         left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
         fwd = synthesize(topo, Collective.ALLGATHER, demand.size_bytes, epoch, demand.chunks, left, mip_gap, threads, progress,
-                         method, memory_limit)
+                         method, memory_limit, speedups)
 
     def build(r: Schedule, f: Schedule) -> Schedule:
         if is_ar:

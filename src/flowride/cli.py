@@ -107,9 +107,9 @@ def _result_table(rep: dict) -> Table:
     t.add_row("finish time", f"{rep['finish_time_us']:.3f} us  ({rep['epochs']} epochs x {rep['epoch_duration_us']:.4g} us)")
     t.add_row("algorithmic bandwidth", f"{rep['algbw_GBps']:.3f} GB/s")
     t.add_row("lower bound", f"{rep['lower_bound_us']:.3f} us ({rep['lower_bound_kind']}); ratio {rep['ratio_to_lower_bound']:.3f}")
-    forest = rep["lower_bounds_us"]["forest"]
-    if forest:
-        t.add_row("forest (max-flow) bound", f"{forest:.3f} us")
+    for kind, what in (("forest", "forest (max-flow) bound"), ("flow", "concurrent-flow bound")):
+        if rep["lower_bounds_us"].get(kind):
+            t.add_row(what, f"{rep['lower_bounds_us'][kind]:.3f} us")
     t.add_row(f"{rep['baseline']} baseline", f"{rep['baseline_us']:.3f} us; ours is {rep['speedup_vs_baseline']:.2f}x faster")
     t.add_row("solver time", f"{rep['solver_time_s']:.2f} s (wall {rep['wall_time_s']:.2f} s, {len(rep['probes'])} probes)")
     asked = rep.get("method_requested")
@@ -122,6 +122,7 @@ def _result_table(rep: dict) -> Table:
 
 def cmd_synth(a: argparse.Namespace) -> int:
     from flowride.api import synthesize
+    from flowride.synth.horizon import parse_speedups
 
     topo = _load_topology(a)
     size = parse_size(a.size, "--size")
@@ -132,7 +133,7 @@ def cmd_synth(a: argparse.Namespace) -> int:
         raise InputError("--memory-limit", f"{a.memory_limit} GiB is not positive", "give GiB above zero, e.g. 8")
     with err.status("[bold]synth[/bold] building bounds and baseline") as st:
         out = synthesize(topo, a.collective, size, epoch, a.chunks, a.time_limit, a.mip_gap, a.threads, _ProgressView(st),
-                         method=a.method, memory_limit=int(a.memory_limit * 2**30))
+                         method=a.method, memory_limit=int(a.memory_limit * 2**30), speedups=parse_speedups(a.speedups))
     rep = out.report()
     if a.out:
         out.schedule.save(a.out)
@@ -661,6 +662,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="solver threads")
     s.add_argument("--method", default="auto", help="milp, lp (AlltoAll), astar or trees (AllGather-like), or auto (by instance size)")
     s.add_argument("--memory-limit", type=float, default=8.0, help="GiB the MILP may use; a larger one is refused up front")
+    s.add_argument("--speedups", default="default",
+                   help="MILP search speed-ups: default, none, all, or a comma list of incumbent, bounds, warm_start, symmetry, parallel")
     s.add_argument("--out", "-o", help="write the schedule JSON here")
     s.add_argument("--report", help="write the report JSON here")
     s.set_defaults(func=cmd_synth)

@@ -26,7 +26,7 @@ BASE_BYTES = 400 * 2**20  # interpreter, numpy/scipy/networkx/highspy, before an
 BYTES_PER_COLUMN = 6_000  # measured 3.2-3.6 KB per column at peak (build + first-feasible solve), with margin
 AUTO_MILP_COLUMNS = 200_000  # above this the auto method does not try the full MILP (it would take minutes)
 LP_BYTES_PER_COLUMN = 2_000  # measured about 1 KB per column at peak (build + simplex), with margin
-LP_MAX_COLUMNS = 400_000  # above this the time-expanded LP gives way to the static LP (flowride.synth.lp)
+LP_MAX_COLUMNS = 1_000_000  # above this the time-expanded LP gives way to the static LP (flowride.synth.lp)
 STATIC_BYTES_PER_COLUMN = 4_000  # the static LP (interior point, then crossover), with margin
 
 

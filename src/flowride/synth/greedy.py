@@ -208,3 +208,65 @@ def baseline_sends(topo: Topology, demand: Demand, timing: EpochTiming) -> tuple
     if demand.collective is Collective.ALLGATHER:
         return "ring", ring_allgather(topo, demand, timing)
     return "direct", direct_alltoall(topo, demand, timing)
+
+
+def retime(topo: Topology, sends: list[Send], made_at: EpochTiming, timing: EpochTiming) -> list[Send]:
+    """Replay a schedule made at other epochs (the slow preset's, say) at ``timing``.
+
+    The coarse-to-fine warm start: a schedule found at long epochs keeps its routes, copies and
+    order, and each transfer out of a GPU (with the switch forwards it feeds, as one tree) goes at
+    the earliest epoch of ``timing`` at which its sender holds the chunk and every link of the
+    tree has room at its offset. Transfers are taken in the order of their old epochs, so a chunk
+    is always placed after the transfer that brought it. The result obeys every rule at
+    ``timing`` (the simulator checks it where it is used)."""
+    forwards: dict[tuple[int, int, int, int], list[int]] = defaultdict(list)  # (s, c, switch, epoch) -> out-links
+    from_gpus: list[Send] = []
+    for e, li, s, c in sorted(tuple(x[:4]) for x in sends):
+        u = topo.links[li].src
+        if topo.nodes[u].is_gpu:
+            from_gpus.append((e, li, s, c))
+        else:
+            forwards[(s, c, u, e)].append(li)
+    book = LinkBook(timing)
+    hold: dict[tuple[int, int, int], int] = {}
+    out: list[Send] = []
+    for e, li, s, c in from_gpus:
+        u = topo.links[li].src
+        ready = 0 if u == s else hold.get((s, c, u))
+        if ready is None:
+            raise ValueError(f"GPU {u} sends chunk ({s},{c}) in epoch {e} before it holds it")
+        tree: list[tuple[int, int]] = []  # (link, epochs after the tree's first send)
+        stack = [(li, e, 0)]
+        while stack:
+            lk, ek, off = stack.pop()
+            tree.append((lk, off))
+            w = topo.links[lk].dst
+            if not topo.nodes[w].is_gpu:
+                key = (s, c, w, made_at.arrival(lk, ek))
+                outs = forwards.get(key, [])
+                # a switch that cannot copy forwards one chunk per arrival
+                take = outs if topo.nodes[w].copy else outs[:1]
+                forwards[key] = [] if topo.nodes[w].copy else outs[1:]
+                stack.extend((l2, key[3], off + int(timing.hop_delay[lk])) for l2 in take)
+        k = ready
+        while True:
+            placed: list[tuple[int, int]] = []
+            for lk, off in tree:
+                if not book.fits(lk, k + off):
+                    break
+                book.take(lk, k + off)  # at once: a tree may cross a link twice
+                placed.append((lk, k + off))
+            else:
+                break
+            for lk, ek in placed:
+                book.used[lk][ek] -= 1
+            k += 1
+        for lk, ek in placed:
+            out.append((ek, lk, s, c))
+            v = topo.links[lk].dst
+            if topo.nodes[v].is_gpu:
+                t = timing.arrival(lk, ek)
+                if t < hold.get((s, c, v), 1 << 60):
+                    hold[(s, c, v)] = t
+    out.sort()
+    return out

@@ -140,6 +140,98 @@ class SearchResult:
         return not self.timed_out and not self.gave_up and self.lower >= self.T
 
 
+@dataclass(frozen=True)
+class Speedups:
+    """What the minimum-makespan MILP search uses beyond plain bisection. Each is measured on
+    its own in ``benchmarks/teccl_compare.py --ablation`` (docs/benchmarks.md); the defaults keep
+    what helped there.
+
+    - ``incumbent``: the packed trees (AllGather) cap the search before any probe (else the
+      ring or direct baseline does);
+    - ``bounds``: the search starts at the tight epoch bounds (ingress, chassis cuts, forest or
+      flow); off: at the latency bound;
+    - ``warm_start``: coarse to fine: the slow preset's schedule, retimed to the requested
+      epochs (:func:`flowride.synth.greedy.retime`), caps the search and starts any probe it fits;
+    - ``symmetry``: each probe first tries the model of the orbit representatives only
+      (:mod:`flowride.synth.symmetry`); only infeasibility needs the full model;
+    - ``parallel``: two probes at once, one solver thread each (highspy releases the GIL).
+    """
+
+    incumbent: bool = True
+    bounds: bool = True
+    warm_start: bool = False
+    symmetry: bool = True
+    parallel: bool = False
+
+
+DEFAULT_SPEEDUPS = Speedups()
+SPEEDUP_NAMES = ("incumbent", "bounds", "warm_start", "symmetry", "parallel")
+
+
+def parse_speedups(text: str) -> Speedups:
+    """``default``, ``none``, ``all``, or a comma list of the speed-ups to use (only those)."""
+    from flowride.errors import InputError
+
+    key = str(text).strip().lower().replace("-", "_")
+    if key == "default":
+        return DEFAULT_SPEEDUPS
+    if key in ("none", "all"):
+        return Speedups(**{n: key == "all" for n in SPEEDUP_NAMES})
+    names = [n.strip() for n in key.split(",") if n.strip()]
+    bad = [n for n in names if n not in SPEEDUP_NAMES]
+    if bad or not names:
+        raise InputError("speedups", f"{text!r} names no speed-up" if not names else f"unknown speed-up {bad[0]!r}",
+                         f"use default, none, all, or a comma list of {', '.join(SPEEDUP_NAMES)}")
+    return Speedups(**{n: n in names for n in SPEEDUP_NAMES})
+SYMMETRIC_PROBE_SECONDS = 10.0  # the symmetric model is a heuristic: never let it eat the search
+
+
+def _probe(topo, demand, timing, T, D, remaining, mip_gap, threads, sym) -> tuple[str, list | None, list[Probe], float]:
+    """One horizon: (feasible | infeasible | timeout | solver ..., sends, probes, solver seconds).
+    With ``sym`` the symmetric model goes first; its infeasibility proves nothing."""
+    from flowride.synth.milp import restrict_to_sources
+    from flowride.synth.symmetry import expand_sends
+
+    probes: list[Probe] = []
+    secs = 0.0
+    t0 = time.perf_counter()
+    if sym is not None:
+        ps = time.perf_counter()
+        try:
+            model, idx = build_model(topo, demand, timing, T, D, symmetry=sym)
+        except Infeasible:
+            return "infeasible", None, [Probe(T, "infeasible", time.perf_counter() - ps, 0, 0)], 0.0
+        budget = SYMMETRIC_PROBE_SECONDS if remaining is None else min(SYMMETRIC_PROBE_SECONDS, remaining / 2)
+        out = solve(model, SolveOptions(time_limit=budget, mip_gap=mip_gap, threads=threads, first_feasible=True))
+        secs += out.seconds
+        if out.x is not None:
+            sends = expand_sends(sym, sends_from_solution(idx, restrict_to_sources(demand, sym.reps), out.x))
+            probes.append(Probe(T, "feasible", time.perf_counter() - ps, model.num_cols, model.num_rows))
+            return "feasible", sends, probes, secs
+        probes.append(Probe(T, f"symmetric {out.status}", time.perf_counter() - ps, model.num_cols, model.num_rows))
+    if remaining is not None:
+        remaining -= time.perf_counter() - t0
+        if remaining <= 0:
+            return "timeout", None, probes, secs
+    ps = time.perf_counter()
+    try:
+        model, idx = build_model(topo, demand, timing, T, D)
+    except Infeasible:
+        probes.append(Probe(T, "infeasible", time.perf_counter() - ps, 0, 0))
+        return "infeasible", None, probes, secs
+    out = solve(model, SolveOptions(time_limit=remaining, mip_gap=mip_gap, threads=threads, first_feasible=True))
+    secs += out.seconds
+    if out.x is not None:
+        outcome, sends = "feasible", sends_from_solution(idx, demand, out.x)
+    elif out.status == "infeasible":
+        outcome, sends = "infeasible", None
+    else:
+        outcome = "timeout" if out.status.startswith("timeout") else f"solver {out.raw_status}"
+        sends = None
+    probes.append(Probe(T, outcome, time.perf_counter() - ps, model.num_cols, model.num_rows))
+    return outcome, sends, probes, secs
+
+
 def bisect_horizon(
     topo: Topology,
     demand: Demand,
@@ -151,48 +243,55 @@ def bisect_horizon(
     threads: int | None = None,
     progress: Progress | None = None,
     D: np.ndarray | None = None,
+    sym=None,
+    parallel: bool = False,
 ) -> SearchResult:
-    """Smallest T in [lo, hi] whose probe is feasible; ``hi`` is known feasible (a baseline)."""
+    """Smallest T in [lo, hi] whose probe is feasible; ``hi`` is known feasible (a baseline).
+    ``sym``: a :class:`~flowride.synth.symmetry.SourceSymmetry` whose model each probe tries
+    first; ``parallel``: two probes at a time (the lower end and the middle first, then the
+    thirds of what is left), one solver thread each."""
     if D is None:
         D = epoch_distances(topo, timing)
     t0 = time.perf_counter()
     res = SearchResult(None, hi, lo, False)
     first = True
     while lo < hi:
-        # The bounds are often tight: try the lower end first, then bisect.
-        mid = lo if first else (lo + hi) // 2
+        # The bounds are often tight: try the lower end first, then bisect (or trisect).
+        if parallel and hi - lo >= 2:
+            pts = [lo, (lo + hi) // 2] if first else sorted({lo + (hi - lo) // 3, lo + 2 * (hi - lo) // 3})
+        else:
+            pts = [lo if first else (lo + hi) // 2]
         first = False
         remaining = None if time_limit is None else time_limit - (time.perf_counter() - t0)
         if remaining is not None and remaining <= 0:
             res.timed_out = True
             break
         if progress:
-            progress({"stage": "probe", "T": mid, "lo": lo, "hi": hi, "elapsed": time.perf_counter() - t0})
-        ps = time.perf_counter()
-        try:
-            model, idx = build_model(topo, demand, timing, mid, D)
-        except Infeasible:
-            res.probes.append(Probe(mid, "infeasible", time.perf_counter() - ps, 0, 0))
-            lo = mid + 1
-            continue
-        out = solve(model, SolveOptions(time_limit=remaining, mip_gap=mip_gap, threads=threads, first_feasible=True))
-        res.solver_seconds += out.seconds
-        if out.x is not None:
-            res.probes.append(Probe(mid, "feasible", time.perf_counter() - ps, model.num_cols, model.num_rows))
-            res.sends = sends_from_solution(idx, demand, out.x)
-            hi = mid
-        elif out.status == "infeasible":
-            res.probes.append(Probe(mid, "infeasible", time.perf_counter() - ps, model.num_cols, model.num_rows))
-            lo = mid + 1
+            for T in pts:
+                progress({"stage": "probe", "T": T, "lo": lo, "hi": hi, "elapsed": time.perf_counter() - t0})
+        if len(pts) == 1:
+            results = [_probe(topo, demand, timing, pts[0], D, remaining, mip_gap, threads, sym)]
         else:
-            # out of time, or the solver gave up: keep the best schedule, unproven
-            outcome = "timeout" if out.status.startswith("timeout") else f"solver {out.raw_status}"
-            res.probes.append(Probe(mid, outcome, time.perf_counter() - ps, model.num_cols, model.num_rows))
-            res.timed_out = outcome == "timeout"
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(len(pts)) as pool:
+                results = list(pool.map(lambda T, rem=remaining: _probe(topo, demand, timing, T, D, rem, mip_gap, 1, sym), pts))
+        stop = None
+        for T, (outcome, sends, probes, secs) in zip(pts, results, strict=True):
+            res.probes.extend(probes)
+            res.solver_seconds += secs
+            if outcome == "feasible" and T < hi:
+                res.sends, hi = sends, T
+            elif outcome == "infeasible":
+                lo = max(lo, T + 1)
+            elif outcome not in ("feasible", "infeasible"):
+                stop = outcome  # out of time, or the solver gave up: keep the best schedule, unproven
+            if progress:
+                progress({"stage": "probed", "T": T, "outcome": outcome, "lo": lo, "hi": hi, "elapsed": time.perf_counter() - t0})
+        if stop is not None and lo < hi:
+            res.timed_out = stop == "timeout"
             res.gave_up = not res.timed_out
             break
-        if progress:
-            progress({"stage": "probed", "T": mid, "outcome": res.probes[-1].outcome, "lo": lo, "hi": hi, "elapsed": time.perf_counter() - t0})
     res.T = hi
-    res.lower = lo
+    res.lower = min(lo, hi)
     return res

@@ -832,10 +832,10 @@ def synthesize_lp(
     solver_s = 0.0
     timed_out = False
 
-    def lp_search(lvl: _Level, hi: int | None, guess: int | None) -> LpHorizon:
+    def lp_search(lvl: _Level, hi: int | None, guess: int | None, budget: float | None = None) -> LpHorizon:
         nonlocal solver_s, timed_out, polish_end
         ts = time.perf_counter()
-        hz = min_lp_horizon(topo, lvl.demand, lvl.timing, lo=lvl.lower, hi=hi, guess=guess, time_limit=left(),
+        hz = min_lp_horizon(topo, lvl.demand, lvl.timing, lo=lvl.lower, hi=hi, guess=guess, time_limit=budget or left(),
                             progress=lp_progress if progress else None, D=lvl.D, pieces=lvl.pieces)
         polish_end += time.perf_counter() - ts
         probes.extend(hz.probes)
@@ -884,8 +884,15 @@ def synthesize_lp(
             raise InputError("method", f"the static LP would need about {need / 2**30:.1f} GiB, over the "
                              f"{memory_limit / 2**30:.0f} GiB memory limit", "raise --memory-limit, or split the topology")
         return demand, _static(topo, demand, timing, one, base, base_T, left(), report)
-    hz = lp_search(one, base_T, None)
+    # half the time for the time-expanded LP: if it cannot even find a horizon, the static LP can
+    hz = lp_search(one, base_T, None, None if time_limit is None else left() / 2)
     if hz.T is None:
+        if static_lp_bytes(topo) <= memory_limit and (time_limit is None or left() > 0):
+            st = _static(topo, demand, timing, one, base, base_T, left(), report)
+            st.probes[:0] = probes
+            st.solver_seconds += solver_s
+            st.timed_out = True  # the time-expanded LP ran out of time
+            return demand, st
         return demand, LpSearch(base, base_T, one.lower, timed_out, probes, solver_seconds=solver_s, method="direct")
 
     sources, need_arr = unicast_needs(topo, demand)

@@ -16,7 +16,7 @@ Each constraint family is one function below, named after the physical rule it e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -24,6 +24,7 @@ import scipy.sparse as sp
 from flowride.collectives.demand import Demand
 from flowride.synth.highs import MipModel
 from flowride.synth.reach import dist_to_need, epoch_distances
+from flowride.synth.symmetry import SourceSymmetry
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming
 
@@ -293,22 +294,31 @@ def switch_forwards_on_arrival(idx: FlowIndex, topo: Topology, timing: EpochTimi
     )
 
 
-def link_capacity_window(idx: FlowIndex, topo: Topology, timing: EpochTiming, rows: _Rows) -> None:
+def link_capacity_window(idx: FlowIndex, topo: Topology, timing: EpochTiming, rows: _Rows,
+                         images: list[tuple[np.ndarray, np.ndarray]] | None = None) -> None:
     """Link capacity with beta: in any b+1 consecutive epochs at most floor((b+1) * cap * tau)
     chunks start on a link (b = 0: at most floor(cap * tau) per epoch). A chunk that needs more
     than one epoch keeps its link busy for b extra epochs.
 
         sum_{q} sum_{k' in [k-b, k]} F[q,l,k'] <= window_cap_l     for every link l and epoch k
+
+    ``images`` (the symmetric model): (send columns, link map) pairs; each of those columns counts
+    on the mapped link, once per pair: a representative's send stands for its copies on the
+    other GPUs of its orbit.
     """
     T1 = idx.T + 1
     b = timing.beta_epochs
+    if images is None:
+        images = [(np.arange(idx.nf), np.arange(len(topo.links)))]
     r_list, c_list = [], []
-    for shift in range(int(b.max()) + 1):
-        sel = np.flatnonzero(b[idx.f_l] >= shift)
-        kend = idx.f_k[sel] + shift
-        ok = kend <= idx.T
-        r_list.append(idx.f_l[sel[ok]] * T1 + kend[ok])
-        c_list.append(sel[ok])
+    for cols, lmap in images:
+        fl = idx.f_l[cols]
+        for shift in range(int(b.max()) + 1):
+            sel = np.flatnonzero(b[fl] >= shift)  # beta is kept by the map
+            kend = idx.f_k[cols[sel]] + shift
+            ok = kend <= idx.T
+            r_list.append(lmap[fl[sel[ok]]] * T1 + kend[ok])
+            c_list.append(cols[sel[ok]])
     r = np.concatenate(r_list)
     c = np.concatenate(c_list)
     used, r_comp = np.unique(r, return_inverse=True)
@@ -358,14 +368,25 @@ def early_delivery_objective(idx: FlowIndex, demand: Demand) -> np.ndarray:
     return cost
 
 
-def build_model(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: np.ndarray | None = None) -> tuple[MipModel, FlowIndex]:
-    """The whole probe at horizon T as one bulk MIP model."""
+def build_model(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: np.ndarray | None = None,
+                symmetry: SourceSymmetry | None = None) -> tuple[MipModel, FlowIndex]:
+    """The whole probe at horizon T as one bulk MIP model. With ``symmetry`` (AllGather): the
+    model of the orbit representatives' chunks only, their sends counted on every image's links
+    (:mod:`flowride.synth.symmetry`); read its solution with :func:`restrict_to_sources` of the demand."""
+    images = None
+    if symmetry is not None:
+        demand = restrict_to_sources(demand, symmetry.reps)
     idx = build_index(topo, demand, timing, T, D)
+    if symmetry is not None:
+        src = np.array([q.source for q in demand.commodities])[idx.f_q]
+        images = []
+        for v, r in symmetry.rep_of.items():
+            images.append((np.flatnonzero(src == r), symmetry.link_map[v]))
     rows = _Rows()
     hold_only_what_arrived(idx, topo, timing, rows)
     send_only_what_is_held(idx, topo, demand, rows)
     switch_forwards_on_arrival(idx, topo, timing, rows)
-    link_capacity_window(idx, topo, timing, rows)
+    link_capacity_window(idx, topo, timing, rows, images)
     n = idx.num_cols
     lb = np.zeros(n)
     ub = np.ones(n)
@@ -386,6 +407,12 @@ def build_model(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: 
         row_names=rows.families,
     )
     return model, idx
+
+
+def restrict_to_sources(demand: Demand, sources) -> Demand:
+    """The demand of the given source GPUs' chunks only (the symmetric model's commodities)."""
+    keep = set(sources)
+    return replace(demand, commodities=tuple(q for q in demand.commodities if q.source in keep))
 
 
 def sends_from_solution(idx: FlowIndex, demand: Demand, x: np.ndarray) -> list[tuple[int, int, int, int]]:

@@ -1,0 +1,112 @@
+"""Topology automorphisms, to solve an AllGather for a few source GPUs and copy it to the rest.
+
+An automorphism maps GPUs to GPUs and switches to switches (copy-capable or not alike) and every
+link onto a link of the same bandwidth and latency. The sources of an AllGather fall into orbits:
+GPU v is in the orbit of representative r when some automorphism g maps r to v. Then the
+schedule of r's chunks, mapped by g, moves v's chunks to every other GPU by the same rules, and
+only link capacity couples different sources' chunks. So a model with the representatives'
+commodities only, in which every send of r's chunk on link l counts against the capacity of
+g(l) for each image g of r, describes valid schedules with a fraction of the columns
+(:func:`flowride.synth.milp.build_model` with ``symmetry``). The images of one representative
+are chosen so that no two map a link onto the same link (on a torus: the translations): images
+that collide would count one send twice on a link and leave the model needlessly tight.
+
+It is a restriction, not a relaxation: a schedule in T epochs may exist while no symmetric one
+does. The horizon search therefore uses it only to find schedules; an infeasible probe is
+proven on the full model (:func:`flowride.synth.horizon.bisect_horizon`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from networkx.algorithms.isomorphism import DiGraphMatcher
+
+from flowride.topology.model import Topology
+
+MAX_NODES = 64  # automorphism search cost grows fast; the MILP does not go beyond this anyway
+MAX_TRIES = 200  # automorphisms tried per GPU for one whose link images are new
+
+
+@dataclass(frozen=True)
+class SourceSymmetry:
+    """Orbit representatives and, per GPU, the representative and the link map taking its
+    representative's sends to its own."""
+
+    reps: tuple[int, ...]
+    rep_of: dict[int, int]  # GPU -> its representative
+    link_map: dict[int, np.ndarray]  # GPU v -> array: link l of rep_of[v]'s schedule -> link of v's
+
+    @property
+    def reduction(self) -> float:
+        """Sources in the full model per source in the reduced one."""
+        return len(self.rep_of) / len(self.reps)
+
+
+def _graph(topo: Topology, pinned: int):
+    g = topo.graph.copy()
+    for v in g.nodes:
+        g.nodes[v]["pin"] = v == pinned
+    return g
+
+
+def _node_match(a: dict, b: dict) -> bool:
+    return a["kind"] == b["kind"] and a["copy"] == b["copy"] and a["pin"] == b["pin"]
+
+
+def _edge_match(a: dict, b: dict) -> bool:
+    return a["bandwidth_GBps"] == b["bandwidth_GBps"] and a["alpha_s"] == b["alpha_s"]
+
+
+def source_symmetry(topo: Topology, time_limit: float = 5.0) -> SourceSymmetry | None:
+    """The orbits of the GPUs under the topology's automorphisms (as found within
+    ``time_limit``: a GPU whose mapping is not found in time is its own representative, which is
+    always sound). None when every GPU is alone (nothing to gain) or the topology is too large."""
+    if topo.num_nodes > MAX_NODES:
+        return None
+    t0 = time.perf_counter()
+    gpus = list(topo.gpus)
+    nl = len(topo.links)
+    ident = np.arange(nl)
+    rep_of: dict[int, int] = {}
+    link_map: dict[int, np.ndarray] = {}
+    reps: list[int] = []
+    for r in gpus:
+        if r in rep_of:
+            continue
+        reps.append(r)
+        rep_of[r] = r
+        link_map[r] = ident
+        g1 = _graph(topo, r)
+        taken = np.zeros((nl, nl), dtype=bool)  # taken[l, m]: some image already maps r's link l onto m
+        taken[ident, ident] = True
+        for v in gpus:
+            if v in rep_of or time.perf_counter() - t0 > time_limit:
+                continue
+            m = DiGraphMatcher(g1, _graph(topo, v), node_match=_node_match, edge_match=_edge_match)
+            for n_tried, iso in enumerate(m.isomorphisms_iter()):
+                lm = np.array([topo.link_index[(iso[lk.src], iso[lk.dst])] for lk in topo.links])
+                # images that never share a link (translations of a torus, rotations of a
+                # ring): one send of r's chunk then stands for sends on distinct links
+                if not taken[ident, lm].any():
+                    taken[ident, lm] = True
+                    rep_of[v] = r
+                    link_map[v] = lm
+                    break
+                if n_tried >= MAX_TRIES or time.perf_counter() - t0 > time_limit:
+                    break
+    if len(reps) == len(gpus):
+        return None
+    return SourceSymmetry(tuple(reps), rep_of, link_map)
+
+
+def expand_sends(sym: SourceSymmetry, sends: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """The representatives' sends copied to every GPU of their orbits."""
+    out = []
+    for v, r in sym.rep_of.items():
+        lm = sym.link_map[v]
+        out.extend((k, int(lm[li]), v, c) for k, li, s, c in sends if s == r)
+    out.sort()
+    return out
