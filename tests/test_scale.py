@@ -247,7 +247,8 @@ def test_memory_guard_refuses_an_oversized_milp_up_front():
 
 def test_auto_picks_by_size_and_collective():
     assert synthesize(dgx1(), "allgather", 10**6, "fast").report()["method"] in ("milp", "trees")
-    assert synthesize(torus(8, 8), "allgather", 10**6, "fast").report()["method"] == "trees"
+    big = synthesize(torus(8, 8), "allgather", 10**6, "fast").report()  # too large a MILP: the windows
+    assert big["method"] == "astar" and big["status"] == "optimal"  # 32 epochs, the epoch bound
     assert synthesize(dgx1(), "alltoall", 10**6, "fast").report()["method"] in ("lp", "direct")
 
 

@@ -177,10 +177,12 @@ def synthesize(
         # flow is a schedule) and far smaller than the MILP (docs/synthesis.md)
         if not demand.collective.multicast:
             chosen = "lp"
+        elif fallback_name == "trees" and hi <= lo:
+            chosen = "trees"  # the trees meet the epoch lower bound: nothing to search
         elif size.columns <= AUTO_MILP_COLUMNS and size.fits(memory_limit):
             chosen = "milp"
         else:
-            chosen = "trees"
+            chosen = "astar"  # the windows, keeping the trees where they do better
     if chosen == "milp" and not size.fits(memory_limit):
         other = "trees or astar" if demand.collective.multicast else "lp"
         raise InputError("method", f"the MILP would need {describe(size)}, over the {memory_limit / 2**30:.0f} GiB memory limit",
