@@ -12,12 +12,13 @@ Three tables, each printed as it runs and, with ``--write-docs``, written into d
   on dgx2 x 2 and ndv2 x 4.
 - ``--ablation``: the MILP search's speed-ups one at a time (flowride.synth.horizon.Speedups) on
   instances where the packed trees do not already meet the lower bound.
+- ``--memory``: peak memory of MILP runs against their largest probe (the memory guard's rate).
 
 Every case runs as its own ``flowride synth`` process, so its wall time and peak memory are its
 own. Solver time here is that process's whole synthesis (bounds, baselines, trees, every solve,
 pruning, verification), from the report's ``wall_time_s``.
 
-    python benchmarks/teccl_compare.py --reference --scale --sizes --ablation [--time-limit 600] [--write-docs]
+    python benchmarks/teccl_compare.py --reference --scale --sizes --ablation --memory [--time-limit 600] [--write-docs]
 """
 
 from __future__ import annotations
@@ -180,6 +181,35 @@ def ablation(time_limit: float) -> list[str]:
     return table(header, rows)
 
 
+MEMORY = [
+    (["-t", "mi250"], "1MB", "fast", 2),
+    (["-t", "torus", "--rows", "4", "--cols", "4"], "1GB", "fast", 2),
+    (["-t", "ndv2", "--chassis", "2"], "1MB", "fast", 4),
+    (["-t", "dgx1"], "1GB", "fast", 8),
+]
+
+
+def memory(time_limit: float) -> list[str]:
+    """Peak memory of MILP runs against their largest probe: the measured bytes per column
+    behind the memory guard (flowride.synth.budget.BYTES_PER_COLUMN)."""
+    from flowride.synth.budget import BASE_BYTES, BYTES_PER_COLUMN
+
+    header = ["instance", "largest probe columns", "peak MB", "KB per column above base", "guard estimate MB"]
+    rows = []
+    for targs, size, epoch, chunks in MEMORY:
+        rep = run_synth([*targs, "-c", "allgather", "-s", size, "--epoch", epoch, "--chunks", str(chunks), "--method", "milp",
+                         "--speedups", "bounds"], time_limit)
+        name = f"{' '.join(targs[1:])} allgather {size} {epoch} c{chunks}"
+        if "error" in rep:
+            rows.append([name, "", "", "", rep["error"]])
+            continue
+        cols = max((p["columns"] for p in rep["probes"]), default=0)
+        per = (rep["peak_rss_mb"] * 2**20 - BASE_BYTES) / max(cols, 1) / 1024
+        rows.append([name, cols, rep["peak_rss_mb"], per, (BASE_BYTES + BYTES_PER_COLUMN * cols) / 2**20])
+        print("\t".join(fmt(v) for v in rows[-1]), flush=True)
+    return table(header, rows)
+
+
 def write_docs(section: str, lines: list[str], command: str) -> None:
     """Replace the section between its markers in docs/benchmarks.md (appended if missing)."""
     begin, end = f"<!-- teccl_compare:{section} -->", f"<!-- /teccl_compare:{section} -->"
@@ -200,6 +230,7 @@ def main() -> None:
     ap.add_argument("--scale", action="store_true", help="the large topologies at 1 MB and 1 GB")
     ap.add_argument("--sizes", action="store_true", help="dgx2 x2 and ndv2 x4, every size 1 KB to 1 GB")
     ap.add_argument("--ablation", action="store_true", help="the MILP speed-ups one at a time")
+    ap.add_argument("--memory", action="store_true", help="peak memory of MILP runs per column (the memory guard)")
     ap.add_argument("--epoch", default="fast", help="epoch preset of the scale tables")
     ap.add_argument("--time-limit", type=float, default=600.0, help="seconds per case")
     ap.add_argument("--write-docs", action="store_true", help="write the tables into docs/benchmarks.md")
@@ -215,6 +246,8 @@ def main() -> None:
         done.append(("sizes", scale(a.time_limit, [("dgx2", 2), ("ndv2", 4)], SIZES, a.epoch)))
     if a.ablation:
         done.append(("ablation", ablation(a.time_limit)))
+    if a.memory:
+        done.append(("memory", memory(a.time_limit)))
     for section, lines in done:
         print(f"\n## {section}\n" + "\n".join(lines))
         if a.write_docs:

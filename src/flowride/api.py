@@ -134,7 +134,9 @@ def synthesize(
     - ``lp`` (AlltoAll): the fluid LP, decomposed into per-chunk sends;
     - ``astar`` (AllGather): windows of epochs solved one after another and stitched;
     - ``trees`` (AllGather): polynomial-time packed broadcast trees (ForestColl-style);
-    - ``auto``: the MILP when its size is modest, else trees (AllGather) or the LP (AlltoAll).
+    - ``auto``: AlltoAll: the LP. AllGather: the trees, then (if they miss the epoch bound) the
+      windows with half the time, then (if a gap is left) the MILP from the best of them when
+      its size is modest; the best verified schedule wins.
     Reductions (ReduceScatter, AllReduce) are built from AllGathers run backwards
     (:func:`synthesize_reduction`) with the same method. ``speedups`` says which accelerations
     the MILP search uses (:class:`~flowride.synth.horizon.Speedups`)."""
@@ -162,27 +164,38 @@ def synthesize(
     lo = max(eb.values())
     hi = int(base_sim.epochs)
     if progress:
-        progress({"stage": "bounds", "lo": lo, "hi": hi, "baseline": base_name})
+        progress({"stage": "bounds", "lo": lo, "hi": hi, "baseline": base_name, "tau": timing.tau})
 
     chosen = method
     fallback_sends, fallback_name = None, base_name
+    incumbent_probes: list = []
+    incumbent_timed_out = False
     if demand.collective.multicast and (method == "trees" or (method in ("auto", "milp") and speedups.incumbent)):
         # the tree construction is cheap: the method itself, or the incumbent that caps the MILP search
         trees = synthesize_trees(topo, demand, timing, left() if method == "trees" else None, progress, min(lo, hi))
+        incumbent_probes += trees.probes
+        incumbent_timed_out = trees.timed_out and method == "trees"
         if trees.T < hi or method == "trees":
             fallback_sends, fallback_name, hi = trees.sends, "trees", min(hi, trees.T)
+    if chosen == "auto" and demand.collective.multicast and hi > lo:
+        # then the windows (seconds, and often at the bound where the MILP would take minutes),
+        # with half the time; the MILP below only has to close what gap is left
+        from flowride.synth.astar import synthesize_astar
+
+        win = synthesize_astar(topo, demand, timing, time_limit=None if time_limit is None else left() / 2, progress=progress, D=D)
+        incumbent_probes += win.probes
+        if win.T < hi:
+            fallback_sends, fallback_name, hi = win.sends, "astar", win.T
     size = milp_size(topo, demand, timing, hi, D) if chosen == "milp" or (chosen == "auto" and demand.collective.multicast) else None
     if chosen == "auto":
         # copy-free demands: the LP route is exact where its integral polish runs (an integral
         # flow is a schedule) and far smaller than the MILP (docs/synthesis.md)
         if not demand.collective.multicast:
             chosen = "lp"
-        elif fallback_name == "trees" and hi <= lo:
-            chosen = "trees"  # the trees meet the epoch lower bound: nothing to search
-        elif size.columns <= AUTO_MILP_COLUMNS and size.fits(memory_limit):
+        elif hi > lo and size.columns <= AUTO_MILP_COLUMNS and size.fits(memory_limit):
             chosen = "milp"
-        else:
-            chosen = "astar"  # the windows, keeping the trees where they do better
+        else:  # at the bound, or too large a MILP: the best of the trees and the windows
+            chosen = "incumbent"
     if chosen == "milp" and not size.fits(memory_limit):
         other = "trees or astar" if demand.collective.multicast else "lp"
         raise InputError("method", f"the MILP would need {describe(size)}, over the {memory_limit / 2**30:.0f} GiB memory limit",
@@ -193,7 +206,7 @@ def synthesize(
     used = chosen
     if chosen == "milp":
         if speedups.warm_start:
-            warm = _coarse_to_fine(topo, demand, timing, epoch, left(), mip_gap, threads, speedups)
+            warm = _coarse_to_fine(topo, demand, timing, left(), mip_gap, threads, speedups)
             if warm is not None and warm[0] < hi:
                 hi, fallback_sends, fallback_name = warm[0], warm[1], "warm start"
         sym = None
@@ -204,11 +217,14 @@ def synthesize(
         start = min(lo, hi) if speedups.bounds else min(eb["latency"], hi)
         search = bisect_horizon(topo, demand, timing, start, hi, left(), mip_gap, threads, progress, D, sym, speedups.parallel)
         search.lower = max(search.lower, min(lo, search.T))  # the bounds hold whether the search began at them or not
+        search.probes[:0] = incumbent_probes
         if search.sends is None:
             used = fallback_name
             search.sends = fallback_sends
-    elif chosen == "trees":
-        search = SearchResult(fallback_sends, hi, min(lo, hi), trees.timed_out, trees.probes, solver_seconds=trees.solver_seconds)
+    elif chosen in ("trees", "incumbent"):
+        used = fallback_name
+        search = SearchResult(fallback_sends, hi, min(lo, hi), incumbent_timed_out or (time_limit is not None and left() <= 1e-3),
+                              incumbent_probes, solver_seconds=time.perf_counter() - t0)
     elif chosen == "lp":
         from flowride.synth.lp import synthesize_lp
 
@@ -258,7 +274,7 @@ def synthesize(
     )
 
 
-def _coarse_to_fine(topo, demand, timing, epoch, time_limit, mip_gap, threads, speedups) -> tuple[int, list] | None:
+def _coarse_to_fine(topo, demand, timing, time_limit, mip_gap, threads, speedups) -> tuple[int, list] | None:
     """The warm start: the MILP at the slow preset (fewer, longer epochs: a much smaller model),
     its schedule retimed to ``timing``. Returns (epochs, sends), or None when the slow epochs are
     no longer than these."""

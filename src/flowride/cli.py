@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from flowride.errors import InputError
@@ -72,32 +73,67 @@ def _epoch(text: str) -> str | float:
 
 
 class _ProgressView:
-    """Live one-line status while solving: stage, probe horizon, search interval, elapsed."""
+    """Live one-line status while solving: method, stage (window, probe or tree shape), best
+    finish so far, gap to the epoch lower bound, elapsed time."""
 
     def __init__(self, status) -> None:
         self.status = status
         self.t0 = time.perf_counter()
+        self.method = "bounds"
+        self.best: int | None = None  # epochs of the best verified schedule so far
+        self.lo: int | None = None
+        self.tau: float | None = None
+
+    def _best(self) -> str:
+        if self.best is None:
+            return ""
+        fin = f" = {self.best * self.tau * 1e6:.4g} us" if self.tau else ""
+        gap = f", gap {self.best - self.lo} epochs over the bound {self.lo}" if self.lo is not None else ""
+        return f" | best {self.best} epochs{fin}{gap}"
 
     def __call__(self, ev: dict) -> None:
         el = time.perf_counter() - self.t0
         stage = ev["stage"]
+        self.tau = ev.get("tau", self.tau)
+        if "lo" in ev and stage in ("bounds", "method"):
+            self.lo = ev["lo"]
+        if stage in ("bounds", "method"):
+            self.best = ev["hi"] if self.best is None else min(self.best, ev["hi"])
+        loud = False
+        # the method each stage belongs to (auto runs several in turn)
+        self.method = {"trees": "trees", "window": "astar", "probe": "milp", "probed": "milp", "lp": "lp",
+                       "lp-probed": "lp", "integral": "lp", "static-lp": "lp"}.get(stage, self.method)
         if stage == "bounds":
-            msg = f"baseline {ev['baseline']} needs {ev['hi']} epochs; lower bound {ev['lo']}"
+            msg = f"baseline {ev['baseline']}"
         elif stage == "method":
-            size = f", MILP {ev['columns']:,} columns" if ev.get("columns") else ""
-            msg = f"method {ev['method']}: best so far {ev['hi']} epochs, lower bound {ev['lo']}{size}"
-            err.print(f"  {msg}  [{el:.1f}s]", highlight=False)
+            if ev["method"] != "incumbent":
+                self.method = ev["method"]
+            msg = f"MILP of {ev['columns']:,} columns" if ev["method"] == "milp" and ev.get("columns") else "best so far"
+            loud = True
         elif stage == "trees":
-            msg = f"trees {ev['variant']} ({ev['i']}/{ev['of']}): {ev['epochs']} epochs, best {ev['best']}, lower bound {ev['lo']}"
+            self.best = min(self.best or ev["best"], ev["best"])
+            msg = f"tree shape {ev['variant']} ({ev['i']}/{ev['of']}): {ev['epochs']} epochs"
         elif stage == "probe":
-            msg = f"MILP probe: {ev['T']} epochs (search [{ev['lo']}, {ev['hi']}], best so far {ev['hi']})"
+            msg = f"probe {ev['T']} epochs (search [{ev['lo']}, {ev['hi']}])"
         elif stage == "probed":
+            self.lo = max(self.lo or 0, ev["lo"])  # every horizon below is proven infeasible
+            if ev["outcome"] == "feasible":
+                self.best = min(self.best or ev["T"], ev["T"])
             msg = f"probe {ev['T']} epochs: {ev['outcome']} (search [{ev['lo']}, {ev['hi']}])"
-            err.print(f"  {msg}  [{el:.1f}s]", highlight=False)
-        else:  # the LP and A* methods' stages: print what they report
-            rest = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in ev.items() if k not in ("stage", "elapsed"))
-            msg = f"{stage}: {rest}"
-        self.status.update(f"[bold]synth[/bold] {msg}  [{el:.1f}s]")
+            loud = True
+        elif stage == "window":
+            msg = f"window {ev['window']} at epoch {ev['start_epoch']}: {ev['delivered']}/{ev['needed']} delivered"
+        elif stage == "decompose":
+            self.best = min(self.best or ev["epochs"], ev["epochs"])
+            msg = "LP flow decomposed into sends"
+            loud = True
+        else:  # the LP method's other stages: print what they report
+            msg = f"{stage}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in ev.items()
+                                           if k not in ("stage", "elapsed"))
+        line = escape(f"[{self.method}] {msg}{self._best()}")
+        if loud:
+            err.print(f"  {line}  [{el:.1f}s]", highlight=False)
+        self.status.update(f"[bold]synth[/bold] {line}  [{el:.1f}s]")
 
 
 def _result_table(rep: dict) -> Table:

@@ -5,6 +5,9 @@ The model is handed over whole (``passModel``), never one coefficient per Python
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -58,10 +61,32 @@ class SolveResult:
 
 _INF = highspy.kHighsInf
 _scheduler_threads: int | None = None  # thread count of HiGHS's process-wide pool, once set
+_banner_lock = threading.Lock()
+_banner_done = False
+
+
+def _new_highs() -> highspy.Highs:
+    """A HiGHS instance. The first one of a process prints HiGHS's banner to file descriptor 1
+    before any option can turn output off (highspy 1.16); library code prints nothing, so that
+    one is made with the descriptor pointed at /dev/null."""
+    global _banner_done
+    with _banner_lock:
+        if not _banner_done:
+            sys.stdout.flush()
+            saved = os.dup(1)
+            try:
+                with open(os.devnull, "w") as devnull:
+                    os.dup2(devnull.fileno(), 1)
+                    highspy.Highs()
+            finally:
+                os.dup2(saved, 1)
+                os.close(saved)
+            _banner_done = True
+    return highspy.Highs()
 
 
 def solve(model: MipModel, opts: SolveOptions) -> SolveResult:
-    h = highspy.Highs()
+    h = _new_highs()
     h.setOptionValue("output_flag", bool(opts.log))
     if opts.time_limit is not None:
         h.setOptionValue("time_limit", float(max(opts.time_limit, 0.01)))
