@@ -796,13 +796,21 @@ def synthesize_lp(
        in what is left of them). An integral flow is a schedule in exactly its horizon; an
        integral infeasibility raises the bound.
     4. If the best whole-chunk schedule is still later than the LP horizon, and dealing whole
-       chunks moves more than MAX_ROUNDING_LOSS of the flow off its path: chunks cut in k pieces (k = 2, 4, ..., ``max_pieces``), i.e. the demand
+       chunks moves more than MAX_ROUNDING_LOSS of the flow off its path: chunks cut in k pieces
+       (k = 2, 4, ..., ``max_pieces``), i.e. the demand
        ``make_demand(topo, collective, size, chunks * k)``, with the same total bytes and the
        same epoch length tau, its timing recomputed (a smaller piece may cross a slow link in
        fewer epochs). Its schedules: the whole-chunk paths carrying k pieces per unit of flow; the
        pieces' own LP decomposed; the integer polish again.
     5. Every schedule is replayed by the simulator; the one finishing in fewest epochs (the same
-       tau, so the earliest finish) wins, the fewest pieces on ties.
+       tau, so the earliest finish) wins, the fewest pieces on ties. The direct AlltoAll is one
+       of them.
+
+    Instances whose time-expanded LP would have more than ``max_columns`` columns, or whose LP
+    search finds no horizon in half of ``time_limit``, take the static LP instead
+    (:mod:`flowride.synth.lp_static`: the concurrent flow, its paths list-scheduled; ``static``
+    in the result); it is refused (:class:`InputError`) when its estimated memory exceeds
+    ``memory_limit``.
 
     Returns (the demand scheduled, an :class:`LpSearch`): ``sends`` for that demand, ``T`` its
     simulated epochs, ``lower`` the best lower bound on epochs known for that demand at that tau:
