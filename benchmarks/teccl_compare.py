@@ -205,7 +205,7 @@ def memory(time_limit: float) -> list[str]:
             continue
         cols = max((p["columns"] for p in rep["probes"]), default=0)
         per = (rep["peak_rss_mb"] * 2**20 - BASE_BYTES) / max(cols, 1) / 1024
-        rows.append([name, cols, rep["peak_rss_mb"], per, (BASE_BYTES + BYTES_PER_COLUMN * cols) / 2**20])
+        rows.append([name, cols, rep["peak_rss_mb"], f"{per:.3g}" if per > 0 else "below base", (BASE_BYTES + BYTES_PER_COLUMN * cols) / 2**20])
         print("\t".join(fmt(v) for v in rows[-1]), flush=True)
     return table(header, rows)
 
