@@ -246,15 +246,11 @@ def test_worker_under_torchrun(tmp_path):
 def test_allgather_64_mib_per_rank(tmp_path):
     size = 64 << 20
     prog = as_program(synthesize(build_topology("ring", n=4), "allgather", size, "fast").schedule)
-    t0 = time.monotonic()
     r = run_schedule(prog, repeats=1, warmup=0, timeout_s=110, run_dir=tmp_path / "run")
-    took = time.monotonic() - t0
     assert r.ok, r.errors
     assert r.actual_bytes == size and r.chunk_bytes == size // 4
     # the largest rank (64 MiB output, 16 MiB input, torch's output, check temporaries) stays
     # well under 1.5 GB
     assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 < 1.5e9
-    if took > 60:
-        pytest.skip(f"64 MiB AllGather took {took:.0f} s here (correct, but slower than the 60 s budget)")
     assert workers_left(str(tmp_path / "run")) == []
     shutil.rmtree(tmp_path / "run", ignore_errors=True)
