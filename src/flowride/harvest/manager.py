@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flowride.files import write_json_atomic
 from flowride.harvest.limits import Limits, stage_cores
 from flowride.harvest.states import TaskState
 from flowride.harvest.store import TaskRecord, TaskStore
@@ -392,7 +393,8 @@ class Manager:
         threads += [threading.Thread(target=self._stage_loop, args=(s,), daemon=True) for s in range(self.stages)]
         for t in threads:
             t.start()
-        (self.run_dir / "manager.ready").write_text(str(self.port))
+        # atomically: the launcher reads the port as soon as the file exists
+        write_json_atomic(self.run_dir / "manager.ready", self.port)
         try:
             while not self.stop.is_set():
                 self._poll_store()
@@ -433,9 +435,7 @@ class Manager:
             "failures": self.failures,
             "tasks": [t.to_dict() for t in self.store.list()],
         }
-        tmp = self.run_dir / "harvest.json.tmp"
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.run_dir / "harvest.json")
+        write_json_atomic(self.run_dir / "harvest.json", record)
         self.sub.close()
 
 
