@@ -167,9 +167,10 @@ def cmd_synth(a: argparse.Namespace) -> int:
         raise InputError("--time-limit", f"{a.time_limit} is not positive", "give seconds above zero")
     if not a.memory_limit > 0:
         raise InputError("--memory-limit", f"{a.memory_limit} GiB is not positive", "give GiB above zero, e.g. 8")
+    speedups = parse_speedups(a.speedups)
     with err.status("[bold]synth[/bold] building bounds and baseline") as st:
         out = synthesize(topo, a.collective, size, epoch, a.chunks, a.time_limit, a.mip_gap, a.threads, _ProgressView(st),
-                         method=a.method, memory_limit=int(a.memory_limit * 2**30), speedups=parse_speedups(a.speedups))
+                         method=a.method, memory_limit=int(a.memory_limit * 2**30), speedups=speedups)
     rep = out.report()
     if a.out:
         out.schedule.save(a.out)

@@ -110,8 +110,7 @@ def _forest_s(topo: Topology, demand: Demand, reverse: bool) -> float:
 
 
 def _alpha_distances(topo: Topology) -> np.ndarray:
-    src = np.array([lk.src for lk in topo.links])
-    dst = np.array([lk.dst for lk in topo.links])
+    src, dst = topo.link_ends
     w = np.array([lk.alpha_s for lk in topo.links]) + 1e-15
     return dijkstra(sp.csr_matrix((w, (src, dst)), shape=(topo.num_nodes,) * 2), directed=True)
 

@@ -98,8 +98,7 @@ class _State:
     def __init__(self, topo: Topology, demand: Demand, timing: EpochTiming) -> None:
         self.topo, self.demand, self.timing = topo, demand, timing
         n, nl, nq = topo.num_nodes, len(topo.links), len(demand.commodities)
-        self.lsrc = np.array([lk.src for lk in topo.links], dtype=np.int64)
-        self.ldst = np.array([lk.dst for lk in topo.links], dtype=np.int64)
+        self.lsrc, self.ldst = topo.link_ends
         self.is_gpu = np.array([nd.is_gpu for nd in topo.nodes], dtype=bool)
         self.copy = np.array([(not nd.is_gpu) and nd.copy for nd in topo.nodes], dtype=bool)
         self.delay = timing.hop_delay.astype(np.int64)

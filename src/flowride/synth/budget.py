@@ -51,8 +51,7 @@ class MilpSize:
 def milp_size(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: np.ndarray) -> MilpSize:
     """Columns of the probe at horizon ``T`` (an upper bound on what build_index creates)."""
     R = dist_to_need(topo, demand, D)  # (commodities, nodes)
-    l_src = np.array([lk.src for lk in topo.links])
-    l_dst = np.array([lk.dst for lk in topo.links])
+    l_src, l_dst = topo.link_ends
     src = np.array([q.source for q in demand.commodities])
     earliest = D[src][:, l_src]  # (q, links)
     latest = T - timing.hop_delay[None, :] - R[:, l_dst]
@@ -75,8 +74,7 @@ def lp_size(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: np.n
     :func:`flowride.synth.lp.build_lp_index`): sends per (source, link, epoch) in the window the
     data can use, holdovers and deliveries per (source, GPU, epoch)."""
     src = np.array(sorted({q.source for q in demand.commodities}), dtype=np.int64)
-    l_src = np.array([lk.src for lk in topo.links], dtype=np.int64)
-    l_dst = np.array([lk.dst for lk in topo.links], dtype=np.int64)
+    l_src, l_dst = topo.link_ends
     start = D[src].astype(np.int64)  # (S, N)
     start[np.arange(len(src)), src] = 0
     dests: dict[int, set[int]] = {}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flowride.collectives.demand import Collective, Demand
+from flowride.errors import InputError
 from flowride.synth.highs import SolveOptions, solve
 from flowride.synth.milp import Infeasible, build_model, sends_from_solution
 from flowride.synth.reach import epoch_distances
@@ -170,8 +171,6 @@ SPEEDUP_NAMES = ("incumbent", "bounds", "warm_start", "symmetry", "parallel")
 
 def parse_speedups(text: str) -> Speedups:
     """``default``, ``none``, ``all``, or a comma list of the speed-ups to use (only those)."""
-    from flowride.errors import InputError
-
     key = str(text).strip().lower().replace("-", "_")
     if key == "default":
         return DEFAULT_SPEEDUPS
@@ -183,6 +182,8 @@ def parse_speedups(text: str) -> Speedups:
         raise InputError("speedups", f"{text!r} names no speed-up" if not names else f"unknown speed-up {bad[0]!r}",
                          f"use default, none, all, or a comma list of {', '.join(SPEEDUP_NAMES)}")
     return Speedups(**{n: n in names for n in SPEEDUP_NAMES})
+
+
 SYMMETRIC_PROBE_SECONDS = 10.0  # the symmetric model is a heuristic: never let it eat the search
 
 

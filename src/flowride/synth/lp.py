@@ -147,8 +147,7 @@ def build_lp_index(topo: Topology, demand: Demand, timing: EpochTiming, T: int, 
         D = epoch_distances(topo, timing)
     sources, need = unicast_needs(topo, demand)
     S, N = len(sources), topo.num_nodes
-    l_src = np.array([lk.src for lk in topo.links], dtype=np.int64)
-    l_dst = np.array([lk.dst for lk in topo.links], dtype=np.int64)
+    l_src, l_dst = topo.link_ends
     is_gpu = np.array([nd.is_gpu for nd in topo.nodes], dtype=bool)
     delay = timing.hop_delay.astype(np.int64)
 
@@ -214,18 +213,13 @@ class _Rows:
         self.v.append(np.broadcast_to(np.asarray(vals, dtype=np.float64), rows.shape))
 
 
-def _link_ends(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
-    return (np.array([lk.src for lk in topo.links], dtype=np.int64),
-            np.array([lk.dst for lk in topo.links], dtype=np.int64))
-
-
 def store_and_forward_at_gpus(idx: LpIndex, topo: Topology, timing: EpochTiming, rows: _Rows, rhs: np.ndarray) -> None:
     """What a GPU holds at epoch t (arrived now, or kept from t - 1, or, at the source in epoch
     0, all of its data) it sends on, keeps, or (its own share) takes out:
 
         sum_{l into g, arrives t} F[s,l,k] + X[s,g,t-1] + supply - sum_{l out of g} F[s,l,t] - X[s,g,t] - Y[s,g,t] = 0
     """
-    l_src, l_dst = _link_ends(topo)
+    l_src, l_dst = topo.link_ends
     is_gpu = np.array([nd.is_gpu for nd in topo.nodes], dtype=bool)
     src, dst = l_src[idx.f_l], l_dst[idx.f_l]
     arr = idx.f_k + timing.hop_delay[idx.f_l]
@@ -249,7 +243,7 @@ def switch_forwards_on_arrival(idx: LpIndex, topo: Topology, timing: EpochTiming
 
         sum_{l into w, arrives t} F[s,l,k] - sum_{l out of w} F[s,l,t] = 0
     """
-    l_src, l_dst = _link_ends(topo)
+    l_src, l_dst = topo.link_ends
     out = np.flatnonzero(timing.src_is_switch[idx.f_l])
     rows.add(idx.cons_row(idx.f_s[out], l_src[idx.f_l[out]], idx.f_k[out]), out, -1.0)
     inn = np.flatnonzero(timing.dst_is_switch[idx.f_l])
@@ -467,7 +461,7 @@ def decompose_flow(topo: Topology, timing: EpochTiming, idx: LpIndex, x: np.ndar
     take the path's bottleneck off every arc, repeat. Each round empties one arc, and time never
     runs backwards along an arc, so it ends. Flows below FLOW_EPS are solver noise and dropped."""
     T2 = idx.T + 2
-    l_src, l_dst = _link_ends(topo)
+    l_src, l_dst = topo.link_ends
     ny = len(idx.y_s)
     # every arc with flow: (source, from node-epoch, to node-epoch or -1 for a delivery)
     a_s = np.concatenate([idx.f_s, idx.x_s, idx.y_s])

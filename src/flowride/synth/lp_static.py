@@ -37,17 +37,12 @@ from flowride.synth.lp import FLOW_EPS, FlowPath, unicast_needs
 from flowride.topology.model import Topology
 
 
-def _ends(topo: Topology) -> tuple[np.ndarray, np.ndarray]:
-    return (np.array([lk.src for lk in topo.links], dtype=np.int64),
-            np.array([lk.dst for lk in topo.links], dtype=np.int64))
-
-
 def flow_conserved_at_every_node(topo: Topology, need: np.ndarray, f_s: np.ndarray, f_l: np.ndarray,
                                  sources: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Rows (s, v): inflow - outflow of s's data at node v = need[s, v] (the source: minus its
     whole supply). Returns COO (rows, cols, vals) and the right-hand sides."""
     S, N = need.shape
-    l_src, l_dst = _ends(topo)
+    l_src, l_dst = topo.link_ends
     col = np.arange(len(f_s))
     rows = np.concatenate([f_s * N + l_dst[f_l], f_s * N + l_src[f_l]])
     vals = np.concatenate([np.ones(len(f_s)), -np.ones(len(f_s))])
@@ -96,7 +91,7 @@ def build_static(topo: Topology) -> tuple[MipModel, np.ndarray, np.ndarray, np.n
     need[np.arange(len(gpus)), gpus] = 0
     sources = gpus
     S = len(gpus)
-    l_src, l_dst = _ends(topo)
+    l_src, l_dst = topo.link_ends
     L = len(l_src)
     ok = l_dst[None, :] != sources[:, None]  # a source's data never needs to enter the source again
     f_s, f_l = np.nonzero(ok)
@@ -164,7 +159,7 @@ def decompose_static(topo: Topology, sources: np.ndarray, need: np.ndarray, f_s:
     walk; a walk that comes back to a node it passed closes a cycle, whose flow is only cancelled.
     Each path's hops carry ``(link, round + hop index)``: round = the destination's ring offset from
     the source, so scheduling pieces in that order feeds every link from the first epoch."""
-    l_src, l_dst = _ends(topo)
+    l_src, l_dst = topo.link_ends
     gpus = list(topo.gpus)
     pos = {g: i for i, g in enumerate(gpus)}
     n = len(gpus)

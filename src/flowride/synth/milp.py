@@ -108,8 +108,7 @@ def build_index(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: 
     if D is None:
         D = epoch_distances(topo, timing)
     R = dist_to_need(topo, demand, D)
-    l_src = np.array([lk.src for lk in topo.links])
-    l_dst = np.array([lk.dst for lk in topo.links])
+    l_src, l_dst = topo.link_ends
     delay = timing.hop_delay
     src_of = np.array([q.source for q in demand.commodities])
     ks = np.arange(T + 1)
@@ -174,7 +173,7 @@ def hold_only_what_arrived(idx: FlowIndex, topo: Topology, timing: EpochTiming, 
     c_self = idx.h0 + np.arange(nh)
     prev = _lookup_array((idx.h_q, idx.h_g, idx.h_t - 1), idx.h_lookup)
     has_prev = prev >= 0
-    l_dst = np.array([lk.dst for lk in topo.links])
+    l_dst = topo.link_ends[1]
     dst = l_dst[idx.f_l]
     into_gpu = ~timing.dst_is_switch[idx.f_l]
     arr_t = idx.f_k + timing.hop_delay[idx.f_l]
@@ -197,7 +196,7 @@ def send_only_what_is_held(idx: FlowIndex, topo: Topology, demand: Demand, rows:
 
         F[q,(g,v),k] - H[q,g,k] <= 0      for g a GPU other than q's source
     """
-    l_src = np.array([lk.src for lk in topo.links])
+    l_src = topo.link_ends[0]
     src_node = l_src[idx.f_l]
     is_gpu = np.array([topo.nodes[v].is_gpu for v in range(topo.num_nodes)])
     q_source = np.array([q.source for q in demand.commodities])
@@ -225,8 +224,7 @@ def switch_forwards_on_arrival(idx: FlowIndex, topo: Topology, timing: EpochTimi
         copy:    P[q,w,e] - sum_{in, arrives e} F <= 0   and   F[q,(w,v),e] - P[q,w,e] <= 0
         no copy: sum_{v} F[q,(w,v),e] - sum_{in, arrives e} F <= 0
     """
-    l_src = np.array([lk.src for lk in topo.links])
-    l_dst = np.array([lk.dst for lk in topo.links])
+    l_src, l_dst = topo.link_ends
     n_nodes = topo.num_nodes
     copy = np.array([topo.nodes[v].copy for v in range(n_nodes)])
     out_sel = np.flatnonzero(timing.src_is_switch[idx.f_l])

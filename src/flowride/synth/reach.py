@@ -21,8 +21,7 @@ def delay_graph(topo: Topology, timing: EpochTiming, per_hop: float = 1e-6) -> s
     """Sparse graph of hop delays in epochs. ``per_hop`` keeps zero-delay hops (switch -> GPU with
     a = 0) as edges and breaks ties toward fewer hops."""
     n = topo.num_nodes
-    src = np.array([lk.src for lk in topo.links])
-    dst = np.array([lk.dst for lk in topo.links])
+    src, dst = topo.link_ends
     return sp.csr_matrix((timing.hop_delay.astype(np.float64) + per_hop, (src, dst)), shape=(n, n))
 
 

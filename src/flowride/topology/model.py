@@ -13,6 +13,7 @@ from functools import cached_property
 from typing import Literal
 
 import networkx as nx
+import numpy as np
 
 from flowride.errors import InputError
 
@@ -133,6 +134,16 @@ class Topology:
     @cached_property
     def link_index(self) -> dict[tuple[int, int], int]:
         return {(lk.src, lk.dst): i for i, lk in enumerate(self.links)}
+
+    @cached_property
+    def link_ends(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tail, head) node of every link as read-only int64 arrays, in link order: the
+        vectorised view the solver forms index by."""
+        ends = np.array([(lk.src, lk.dst) for lk in self.links], dtype=np.int64).reshape(-1, 2)
+        src, dst = ends[:, 0].copy(), ends[:, 1].copy()
+        src.setflags(write=False)
+        dst.setflags(write=False)
+        return src, dst
 
     def in_links(self, node: int) -> list[int]:
         return [i for i, lk in enumerate(self.links) if lk.dst == node]
