@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 from flowride.harvest.cost import harvest_efficiency, savings
-from flowride.harvest.manager import fit_time, step_fits
-from flowride.harvest.session import start_manager, stop_manager
+from flowride.harvest.manager import ManagerOptions, fit_time, step_fits
 from flowride.harvest.states import IllegalTransition, TaskState, check_transition
 from flowride.harvest.store import TaskStore
 from flowride.pipeline.events import BubbleEvent, BubblePublisher
@@ -41,6 +40,18 @@ def wait_for(pred, timeout: float = 30.0, every: float = 0.05):
             return v
         time.sleep(every)
     raise AssertionError("condition not reached in time")
+
+
+def start_manager(run_dir: Path, stages: int, mode: str, profiles: dict, **opts):
+    """A supervised manager (not watched unless the test asks), and its port."""
+    from flowride.harvest.supervise import ManagerProcess
+
+    mp = ManagerProcess(run_dir, ManagerOptions(stages=stages, mode=mode, **opts), profiles)
+    return mp, mp.start()
+
+
+def stop_manager(mp, run_dir: Path) -> dict:
+    return mp.stop()
 
 
 def proc_state(pid: int) -> str:
@@ -194,8 +205,8 @@ def test_store_survives_kill_9_and_resumes(tmp_path):
     proc, _ = start_manager(tmp_path, 2, "naive", {})
     wait_for(lambda: (TaskStore.in_run_dir(tmp_path).checkpoint(tid) or (b"", 0, 0))[1] > 0, timeout=30)
     host = _host_pid(tmp_path, tid)
-    os.killpg(proc.pid, signal.SIGKILL)  # the manager dies without saying goodbye
-    proc.wait()
+    os.killpg(proc.proc.pid, signal.SIGKILL)  # the manager dies without saying goodbye
+    proc.proc.wait()
     wait_for(lambda: not alive(host), timeout=10)  # its side task went with it (no orphan)
     saved_steps = TaskStore.in_run_dir(tmp_path).checkpoint(tid)[1]
     assert 0 < saved_steps < 2500
@@ -241,7 +252,8 @@ def test_tasks_cli_submit_list_cancel_while_running(tmp_path):
 def test_train_with_side_tasks_through_the_cli(tmp_path):
     rep_path, png = tmp_path / "r.json", tmp_path / "t.png"
     p = subprocess.run(
-        [sys.executable, "-m", "flowride", "train", "--stages", "2", "--microbatches", "4", "--model", "small", "--iters", "5",
+        [sys.executable, "-m", "flowride", "train", "--stages", "2", "--microbatches", "4", "--model", "small", "--iters", "6",
+         "--paired-block", "1",
          "--side-tasks", "pagerank,image", "--harvest", "freeride", "--run-dir", str(tmp_path / "run"),
          "--report", str(rep_path), "--timeline", str(png)],
         capture_output=True, text=True, timeout=200,

@@ -127,19 +127,24 @@ def test_profile_then_train_predicts_bubble_ends(tmp_path):
                         "--run-dir", str(tmp_path / "p"), "--out", str(prof_path)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     prof = json.loads(prof_path.read_text())
-    assert prof["schema"] == "flowride.bubble-profile/1"
+    assert prof["schema"] == "flowride.bubble-profile/2"
     assert {(b["stage"], b["type"]) for b in prof["bubbles"]} >= {(0, "B"), (1, "A"), (1, "C")}
     for b in prof["bubbles"]:
         assert b["min_s"] <= b["p10_s"] <= b["median_s"]
+    # each stage's learned wait lengths, by wait key: gap i before instruction i, "end" after the optimizer
+    assert [s["stage"] for s in prof["lengths"]] == [0, 1]
+    assert {"0#0", "end#0"} <= set(prof["lengths"][1]["lengths"])
     sub = BubbleSubscriber()
     try:
         cfg = TrainConfig(schedule="1f1b", stages=2, microbatches=4, iters=3, run_dir=str(tmp_path / "t"),
-                          bubble_port=sub.port, profile=str(prof_path))
+                          bubble_port=sub.port, profile=str(prof_path), min_bubble_s=0.0)
         train(cfg)
         evs = [e for e in sub.drain() if e.kind == "bubble"]
     finally:
         sub.close()
     assert evs and all(e.predicted_end is not None and e.predicted_end >= e.start for e in evs)
+    # a saved profile predicts from the first iteration on: no warm-up needed
+    assert 0 in {e.iteration for e in evs}
     bad = TrainConfig(schedule="gpipe", stages=2, microbatches=4, iters=1, run_dir=str(tmp_path / "x"), profile=str(prof_path))
     with pytest.raises(Exception, match="profiled with schedule=1f1b"):
         train(bad)

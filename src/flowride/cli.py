@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -17,6 +18,8 @@ from flowride.units import format_size, parse_size
 
 console = Console()
 err = Console(stderr=True)
+# schedules that hold several model chunks per rank (both engines' names)
+MULTI_STAGE = frozenset({"interleaved", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev"})
 
 
 def _say_error(msg: str) -> None:
@@ -411,39 +414,40 @@ def _demo_run(out_dir: Path) -> None:
 
 
 def _demo_harvest(out_dir: Path) -> None:
-    """Pipeline training (p=2, 1F1B) alone, then with a mix of side tasks in freeride and naive mode."""
-    from dataclasses import replace
-
-    from flowride.harvest.session import harvest_report, profiles_for, run_harvest
+    """Pipeline training (p=2, 1F1B) with a mix of side tasks: freeride against naive co-location,
+    each overhead measured paired (harvesting on and off in alternating blocks of one run)."""
+    from flowride.harvest.session import DEFAULT_BUDGET_PCT, compare, profiles_for
     from flowride.pipeline.config import TrainConfig
     from flowride.pipeline.timeline import write_png
-    from flowride.pipeline.trainer import train
 
     tasks = ["pagerank", "cnn", "image"]
-    cfg = TrainConfig(schedule="1f1b", stages=2, microbatches=8, model="small", iters=8, pin_cores=True)
+    cfg = TrainConfig(schedule="1f1b", stages=2, microbatches=8, model="small", iters=14, pin_cores=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     with err.status("[bold]demo[/bold] profiling side tasks alone"):
         profiles = profiles_for(tasks, out_dir / "task-profiles.json")
-    with err.status("[bold]demo[/bold] training alone (none)"):
-        base = train(replace(cfg, run_dir=str(out_dir / "none")))
-    prof = out_dir / "bubble-profile.json"
-    prof.write_text(json.dumps(base.profile()))
-    t = Table(title="flowride demo: pipeline training (p=2, 1F1B, m=8, small GPT) with side tasks pagerank+cnn+image (CPU)")
-    for c in ("mode", "iteration ms", "overhead", "side work (dedicated s)", "harvest efficiency", "savings", "losses identical"):
+    t = Table(title="flowride demo: pipeline training (p=2, 1F1B, m=8, small GPT) with side tasks pagerank+cnn+image (CPU), "
+                    f"overhead paired on/off, budget {DEFAULT_BUDGET_PCT:g}%")
+    for c in ("mode", "overhead (95% CI)", "within budget", "side work (dedicated s)", "harvest efficiency", "savings", "losses identical"):
         t.add_column(c, justify="right")
-    b = base.report()
-    t.add_row("none", f"{b['iteration_time_s'] * 1e3:.1f}", "-", "-", "-", "-", "-")
+    base_rep = None
     for mode in ("freeride", "naive"):
-        with err.status(f"[bold]demo[/bold] training with side tasks ({mode})"):
-            res, rec = run_harvest(replace(cfg, run_dir=str(out_dir / mode)), mode, tasks, profiles, bubble_profile=str(prof))
-        h = harvest_report(b, res.report(), rec, mode, profiles)
-        t.add_row(mode, f"{res.report()['iteration_time_s'] * 1e3:.1f}", f"{h['overhead_pct']:+.1f}%",
+        with err.status(f"[bold]demo[/bold] training with side tasks ({mode}), harvesting on and off in blocks") as st:
+            c = compare(replace(cfg, run_dir=str(out_dir / mode)), mode, tasks, profiles=profiles, baseline_report=base_rep,
+                        on_stage=lambda msg, st=st: st.update(f"[bold]demo[/bold] {msg}"))
+        base_rep = c.baseline
+        h = c.report
+        lo, hi = h["overhead_ci95"]
+        t.add_row(mode, f"{h['overhead_pct']:+.1f}% [{lo:+.1f}, {hi:+.1f}]", "yes" if h["within_budget"] else "NO",
                   f"{h['cost']['dedicated_seconds']:.2f}", f"{h['harvest_efficiency']:.2f}", f"{h['cost']['savings']:+.3f}",
                   str(h["losses_identical"]))
         if mode == "freeride":
             png = out_dir / "harvest-timeline.png"
-            write_png(res.ranks, res.gaps, png, "1F1B p=2 m=8 with side tasks in the bubbles (freeride)", side_steps=rec["steps"])
+            write_png(c.result.ranks, c.result.gaps, png, "1F1B p=2 m=8 with side tasks in the bubbles (freeride)", side_steps=c.record["steps"])
     console.print(t)
+    console.print("The training owner's view: a mode is acceptable only if its overhead's upper 95% bound stays within the "
+                  f"budget ({DEFAULT_BUDGET_PCT:g}%). On this CPU, naive co-location can still show positive savings: "
+                  "time-sharing a core is nearly zero-sum, so the side work it gains is paid for by training's slowdown; on a "
+                  "GPU the slowdown, not the savings, decides.", soft_wrap=True)
     console.print(f"timeline with side-task steps inside the bubbles: {out_dir / 'harvest-timeline.png'}")
 
 
@@ -455,6 +459,7 @@ def _train_config(a: argparse.Namespace, iters: int | None = None):
         model=a.model, iters=iters or a.iters, microbatch_size=a.microbatch_size, seed=a.seed, lr=a.lr,
         data=a.data, run_dir=a.run_dir, bubble_port=getattr(a, "bubble_port", None),
         profile=getattr(a, "bubble_profile", None), timeout_s=a.timeout, device=a.device, threads=a.threads,
+        engine=a.engine.lower(), min_bubble_s=a.min_bubble,
     )
 
 
@@ -530,70 +535,55 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 
 def _train_harvesting(a: argparse.Namespace, cfg, tasks: list[str], mode: str):
-    """A `none` baseline (or a given baseline report), then the same training with side tasks."""
-    from dataclasses import replace
+    """A `none` baseline (or a given baseline report), then the same training with side tasks,
+    harvesting switched on and off in randomized blocks (the paired overhead)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from flowride.harvest.session import HARVEST_MODES, harvest_report, profiles_for, run_harvest
+    from flowride.files import read_json
+    from flowride.harvest.session import compare
+    from flowride.pipeline.launch import TrainingFailed
 
-    if mode not in HARVEST_MODES:
-        raise InputError("--harvest", f"unknown mode {mode!r}", f"choose one of {', '.join(HARVEST_MODES)}")
-    from flowride.harvest.task import resolve
-
-    for t in tasks:
-        resolve(t)
     cfg.validate()
-    run_dir = Path(cfg.run_dir)
-    with err.status("profiling side tasks alone (dedicated throughput, step time, memory)"):
-        profiles = profiles_for(tasks, run_dir / "task-profiles.json")
-    prof_path = run_dir / "bubble-profile.json"
+    base_rep = None
     if a.baseline_report:
-        try:
-            base_rep = json.loads(Path(a.baseline_report).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise InputError("--baseline-report", f"cannot read it: {e}", "give a report written by flowride train") from None
+        base_rep = read_json(a.baseline_report, "--baseline-report", "give a report written by flowride train")
         for key in ("iteration_times_s", "iteration_time_s", "losses", "bubble_seconds_total"):
             if key not in base_rep:
                 raise InputError("--baseline-report", f"has no {key!r}", "give a report written by flowride train")
-        prof_path = Path(a.bubble_profile) if a.bubble_profile else None
-    else:
-        err.print("baseline: the same training without side tasks")
-        base = _run_training(replace(cfg, run_dir=str(run_dir / "baseline"), pin_cores=True, bubble_port=None))
-        base_rep = base.report()
-        prof_path.parent.mkdir(parents=True, exist_ok=True)
-        prof_path.write_text(json.dumps(base.profile()))
-    err.print(f"harvesting: {mode} with {', '.join(tasks)}")
-    res, record = _run_harvest_progress(cfg, mode, tasks, profiles, str(prof_path) if prof_path else None, run_harvest)
-    rep = res.report()
-    rep.update(harvest_report(base_rep, rep, record, mode, profiles, a.price_ref, a.price_main))
-    return res, rep, record.get("steps", [])
-
-
-def _run_harvest_progress(cfg, mode, tasks, profiles, prof_path, run_harvest):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from flowride.pipeline.launch import TrainingFailed
-
     with Progress(TextColumn("[bold]train+harvest[/bold] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=err) as prog:
-        task = prog.add_task(f"{mode}", total=cfg.iters, loss="-")
+        task = prog.add_task("profiling side tasks", total=cfg.iters, loss="-")
+
+        def on_stage(msg: str) -> None:
+            prog.update(task, description=msg, completed=0)
+
+        def on_progress(ev: dict) -> None:
+            prog.update(task, completed=ev["iteration"] + 1, loss=f"{ev['loss']:.4f}")
+
         try:
-            return run_harvest(cfg, mode, tasks, profiles,
-                               lambda ev: prog.update(task, completed=ev["iteration"] + 1, loss=f"{ev['loss']:.4f}"),
-                               bubble_profile=prof_path)
+            c = compare(cfg, mode, tasks, paired_block=a.paired_block, baseline_report=base_rep, p_ref=a.price_ref,
+                        p_main=a.price_main, budget_pct=a.budget, bubble_profile=a.bubble_profile,
+                        on_stage=on_stage, on_progress=on_progress)
         except TrainingFailed as e:
             raise _RunFailed(str(e)) from None
+    return c.result, c.report, c.record.get("steps", [])
 
 
 def _harvest_table(rep: dict) -> Table:
-    t = Table(title=f"harvest ({rep['harvest_mode']}): overhead {rep['overhead_pct']:+.2f}%, "
-                    f"efficiency {rep['harvest_efficiency']:.2f}, savings {rep['cost']['savings']:+.4f}")
+    ci = rep.get("overhead_ci95")
+    ci_text = f" (95% CI {ci[0]:+.2f}..{ci[1]:+.2f}, {rep['overhead_pairs']} pairs)" if ci else ""
+    budget = "within" if rep["within_budget"] else "OVER"
+    t = Table(title=f"harvest ({rep['harvest_mode']}): overhead {rep['overhead_pct']:+.2f}%{ci_text}, {budget} the "
+                    f"{rep['overhead_budget_pct']:g}% budget; efficiency {rep['harvest_efficiency']:.2f}, savings {rep['cost']['savings']:+.4f}")
     for c in ("task", "steps", "units", "units/s", "dedicated units/s", "overruns"):
         t.add_column(c, justify="right")
     for tid, d in rep["side_work"].items():
         t.add_row(f"{tid}:{d['name']}", str(d["steps"]), f"{d['units']:.0f} {d['unit']}", f"{d['throughput']:.1f}",
                   f"{d['dedicated_throughput']:.1f}", str(d["overruns"]))
     for f in rep["failures"]:
-        t.add_row(f"{f['task']}:{f['name']}", "FAILED", f["reason"][:60], "", "", "")
+        t.add_row(f"{f['task']}:{f['name']}", "FAILED", (f["reason"] or "")[:60], "", "", "")
+    if rep.get("manager_restarts"):
+        t.add_row("manager", f"restarted {rep['manager_restarts']}x", rep.get("harvest_stopped") or "", "", "", "")
     return t
 
 
@@ -647,6 +637,24 @@ def cmd_tasks(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_manager(a: argparse.Namespace) -> int:
+    from flowride.harvest import supervise
+
+    d = Path(a.run_dir)
+    if not (d / supervise.OPTIONS_FILE).exists():
+        raise InputError("--run-dir", f"{d} holds no side-task manager (no {supervise.OPTIONS_FILE})",
+                         "give the run directory of a harvesting run")
+    if a.action == "status":
+        console.print_json(json.dumps(supervise.manager_status(d)))
+    elif a.action == "stop":
+        console.print("manager stopped; tasks saved" if supervise.stop_running(d) else "no manager was running")
+    else:
+        port = supervise.restart(d)
+        console.print(f"manager restarted on 127.0.0.1:{port} (same port: running trainers keep reaching it); "
+                      "unfinished tasks resume from the store")
+    return 0
+
+
 def cmd_profile_bubbles(a: argparse.Namespace) -> int:
     cfg = _train_config(a)
     res = _run_training(cfg)
@@ -670,7 +678,9 @@ def cmd_schedule_show(a: argparse.Namespace) -> int:
 def _train_args(p: argparse.ArgumentParser, iters: int) -> None:
     p.add_argument("--stages", "-p", type=int, default=2, help="pipeline stages (one process each)")
     p.add_argument("--microbatches", "-m", type=int, default=8)
-    p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b, interleaved or zbh1")
+    p.add_argument("--schedule", default="1f1b", help="builtin engine: gpipe, 1f1b, interleaved, zbh1; torch engine: "
+                   "gpipe, 1f1b, interleaved1f1b, loopedbfs, interleavedzb, zbv, dualpipev")
+    p.add_argument("--engine", default="builtin", help="builtin (flowride's instruction lists) or torch (torch.distributed.pipelining)")
     p.add_argument("--chunks", "-v", type=int, default=None, help="model chunks per stage (interleaved; default 2 there, else 1)")
     p.add_argument("--model", default="tiny", help="tiny, small or medium")
     p.add_argument("--iters", type=int, default=iters)
@@ -682,6 +692,7 @@ def _train_args(p: argparse.ArgumentParser, iters: int) -> None:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a rank may wait on a peer before the run fails")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--min-bubble", type=float, default=0.002, help="seconds: waits predicted shorter are not announced")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -753,7 +764,15 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--baseline-report", help="a none-mode train report to measure overhead against (else one is run first)")
     tr.add_argument("--price-main", type=float, default=None, help="training job price per hour (default: stages x 1)")
     tr.add_argument("--price-ref", type=float, default=1.0, help="reference device price per hour (default 1)")
+    tr.add_argument("--paired-block", type=int, default=2,
+                    help="harvesting alternates on/off in randomized blocks of this many iterations (0: separate runs only)")
+    tr.add_argument("--budget", type=float, default=2.0, help="the training owner's overhead budget in percent (default 2)")
     tr.set_defaults(func=cmd_train)
+
+    mg = sub.add_parser("manager", help="inspect, restart or stop a run's side-task manager (works while training runs)")
+    mg.add_argument("action", choices=("status", "restart", "stop"))
+    mg.add_argument("--run-dir", default="runs/train", help="the training run's directory")
+    mg.set_defaults(func=cmd_manager)
 
     pt = sub.add_parser("profile-task", help="run a side task alone: step time, throughput, peak memory")
     pt.add_argument("task")
@@ -799,8 +818,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "chunks", 0) is None:  # pipeline commands: interleaving needs 2 chunks by default
-        args.chunks = 2 if str(args.schedule).lower() == "interleaved" else 1
+    if getattr(args, "chunks", 0) is None:  # pipeline commands: multi-stage schedules hold 2 chunks by default
+        args.chunks = 2 if str(args.schedule).lower() in MULTI_STAGE else 1
     try:
         return int(args.func(args) or 0)
     except InputError as e:

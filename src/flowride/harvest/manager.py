@@ -1,17 +1,28 @@
-"""The side-task manager: one worker per pipeline stage, each filling its stage's bubbles.
+"""The side-task manager: fills the pipeline stages' bubbles with side tasks.
 
 The manager listens for the trainer's bubble events (UDP on 127.0.0.1, never blocking training),
 keeps every task's state in the durable store, and hosts each side task in its own process
 (:mod:`flowride.harvest.runner`) under its limits (:mod:`flowride.harvest.limits`).
 
+One scheduler thread owns all state: bubble events, the task hosts' messages, new submissions
+and cancellations all arrive on one queue and are handled in order, so no two decisions race.
+
 Modes: ``freeride`` runs a task only inside a bubble. An iterative task steps while its next
-step fits the bubble's predicted end and yields at the stage's next instruction; an imperative
-task is resumed with SIGCONT and paused with SIGSTOP. ``naive`` runs tasks continuously at normal
-priority (co-location), and ``priority`` runs them continuously at idle priority (the MPS-style
-baseline).
+step fits the bubble's predicted end and yields at the stage's next compute action; an
+imperative task is resumed with SIGCONT and paused with SIGSTOP. ``naive`` runs tasks
+continuously at normal priority (co-location), and ``priority`` runs them continuously at idle
+priority (the MPS-style baseline). Training can switch harvesting off and on (``off``/``on``
+events) for paired overhead measurements: off pauses every task.
+
+Placement. On CPU a freeride task floats: it runs in whichever stage's bubble it fits, pinned to
+that stage's core for the time, so one task can use every stage's bubbles (on p = 2 1F1B the two
+stages idle at different times). On CUDA a task is bound to one stage's device (moving GPU state
+between devices costs more than a bubble); submit one instance per stage to use them all.
 
 Failures are contained. A task that crashes, runs out of memory or ignores a pause is killed and
-marked FAILED with the reason; the stage's other tasks go on, and training never waits on any of it.
+marked FAILED with the reason; the other tasks go on, and training never waits on any of it.
+Every completed step is appended to ``steps.jsonl`` as it happens, so a manager killed with -9
+loses no record of work done; a restarted manager resumes every unfinished task from the store.
 """
 
 from __future__ import annotations
@@ -22,23 +33,28 @@ import math
 import os
 import queue
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from flowride.files import write_json_atomic
-from flowride.harvest.limits import Limits, stage_cores
+from flowride.harvest.limits import Limits, mps_daemon_running, stage_cores
 from flowride.harvest.states import TaskState
 from flowride.harvest.store import TaskRecord, TaskStore
 from flowride.harvest.task import ImperativeSpec, resolve
 from flowride.pipeline.events import BubbleEvent, BubbleSubscriber
 
 MODES = ("freeride", "naive", "priority")
-DEFAULT_STEP_S = 0.005  # step time assumed before a task is profiled
+PLACEMENTS = ("float", "stage")
+UNPROFILED_STEP_S = 0.02  # step time assumed for a task with no profile until its own steps are seen
+PROBE_STEPS = 3  # an unprofiled CPU task runs this many steps at idle priority to learn its step time
 CHECKPOINT_EVERY_S = 2.0
+STORE_POLL_S = 0.2
 
 
 def fit_time(median_step_s: float, factor: float = 1.2) -> float:
@@ -57,11 +73,12 @@ class Live:
 
     rec: TaskRecord
     kind: str  # iterative | imperative
-    stage: int
+    home: int | None  # the stage it is bound to (None: it floats between stages)
+    stage: int  # the stage whose core it is on now
     proc: subprocess.Popen
     ckpt: Path
     log: Path
-    need_s: float
+    profiled_step_s: float | None
     peak_bytes: int
     steps: int = 0
     units: float = 0.0
@@ -75,69 +92,111 @@ class Live:
     bubble_end: float | None = None
     last_ckpt: float = field(default_factory=time.monotonic)
     saving: bool = False
+    probing: bool = False
+    step_times: deque = field(default_factory=lambda: deque(maxlen=20))
+
+    def need_s(self, factor: float) -> float:
+        """Time a bubble must still have for one more step: the profiled median step, or the
+        median of the task's own last steps once it has taken a few."""
+        if len(self.step_times) >= 3:
+            return fit_time(statistics.median(self.step_times), factor)
+        return fit_time(self.profiled_step_s or UNPROFILED_STEP_S, factor)
+
+
+@dataclass(frozen=True)
+class ManagerOptions:
+    """Everything a manager is started with (also written to ``manager.json`` so that
+    ``flowride manager restart`` can start an identical one)."""
+
+    stages: int
+    mode: str = "freeride"
+    port: int = 0
+    pin: bool = True
+    placement: str = "float"
+    factor: float = 1.2
+    pause_grace_s: float = 1.0
+    default_memory_mb: int = 2048
+    device: str = "cpu"  # where side tasks compute: cpu | cuda
+    mps_thread_percentage: int = 50  # applied only when an MPS daemon runs
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError("device must be cpu or cuda")
+        if not isinstance(self.stages, int) or self.stages < 1:
+            raise ValueError("stages must be a positive integer")
 
 
 class Manager:
-    def __init__(self, run_dir: str | Path, stages: int, mode: str = "freeride", port: int = 0,
-                 profiles: dict[str, dict] | None = None, pin: bool = True, factor: float = 1.2,
-                 pause_grace_s: float = 1.0, default_memory_mb: int = 2048) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}")
+    def __init__(self, run_dir: str | Path, opts: ManagerOptions, profiles: dict[str, dict] | None = None) -> None:
+        opts.validate()
+        self.opts = opts
         self.run_dir = Path(run_dir)
         (self.run_dir / "tasks").mkdir(parents=True, exist_ok=True)
         self.store = TaskStore.in_run_dir(self.run_dir)
-        self.db_lock = threading.Lock()
-        self.stages, self.mode, self.pin, self.factor = stages, mode, pin, factor
-        self.pause_grace_s = pause_grace_s
-        self.default_memory_mb = default_memory_mb
+        self.stages, self.mode, self.factor = opts.stages, opts.mode, opts.factor
+        # a task floats only on CPU in freeride; on CUDA its state lives on one stage's device
+        self.floating = opts.placement == "float" and opts.mode == "freeride" and opts.device == "cpu"
         self.profiles = profiles or {}
-        self.sub = BubbleSubscriber(port)
+        self.sub = BubbleSubscriber(opts.port)
         self.port = self.sub.port
-        self.inbox: list[queue.Queue] = [queue.Queue() for _ in range(stages)]
+        self.q: queue.Queue = queue.Queue()
         self.live: dict[int, Live] = {}
-        self.steps: list[dict] = []
+        self.running_on: dict[int, Live] = {}
+        self.bubble: dict[int, BubbleEvent] = {}
+        self.harvesting = True  # switched by "on"/"off" events (paired overhead runs)
         self.failures: list[dict] = []
         self.stop = threading.Event()
         self.next_stage = 0
         self.events_seen = 0
-        # the bubble each stage is in now (the last event said "bubble" and no "busy" since)
-        self.bubble: list[BubbleEvent | None] = [None] * stages
+        self.mps = opts.device == "cuda" and mps_daemon_running()
+        self.steps_file = open(self.run_dir / "steps.jsonl", "a", buffering=1)  # line-buffered: one write per step
 
     # ------------------------------------------------------------------ processes
     def _spawn(self, rec: TaskRecord) -> Live:
         spec = resolve(rec.name)
         kind = "imperative" if isinstance(spec, ImperativeSpec) else "iterative"
-        stage = rec.stage if rec.stage is not None and rec.stage < self.stages else self.next_stage
-        self.next_stage = (stage + 1) % self.stages
+        if rec.stage is not None and rec.stage < self.stages:
+            stage = rec.stage
+        else:
+            stage = self.next_stage
+            self.next_stage = (stage + 1) % self.stages
+        home = None if self.floating else stage
         ckpt = self.run_dir / "tasks" / f"task{rec.id}.ckpt"
         log = self.run_dir / "tasks" / f"task{rec.id}.log"
         steps, units = 0, 0.0
-        with self.db_lock:
-            saved = self.store.checkpoint(rec.id)
+        saved = self.store.checkpoint(rec.id)
         if saved is not None:  # resume from the durable checkpoint
             data, steps, units = saved
             ckpt.write_bytes(data)
+        cuda = self.opts.device == "cuda"
         limits = Limits(
-            memory_mb=rec.memory_limit_mb or self.default_memory_mb,
+            memory_mb=rec.memory_limit_mb or self.opts.default_memory_mb,
             low_priority=self.mode != "naive",
-            cores=stage_cores(stage) if self.pin else None,
+            cores=stage_cores(stage) if self.opts.pin else None,
+            cuda=cuda,
+            cuda_device=stage if cuda else None,
+            mps_thread_percentage=self.opts.mps_thread_percentage if self.mps else None,
         )
         env = dict(os.environ)
         env.update(limits.child_env())
         src_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = src_root + os.pathsep + env.get("PYTHONPATH", "")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flowride.harvest.runner", kind, rec.name, json.dumps(rec.params), str(ckpt)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, env=env,
-            preexec_fn=limits.apply_in_child,
-        )
+        with open(log, "w") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "flowride.harvest.runner", kind, rec.name, json.dumps(rec.params), str(ckpt)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                preexec_fn=limits.apply_in_child,
+            )
         prof = self.profiles.get(rec.name, {})
-        live = Live(rec, kind, stage, proc, ckpt, log, fit_time(prof.get("median_step_s", DEFAULT_STEP_S), self.factor),
+        live = Live(rec, kind, home, stage, proc, ckpt, log, prof.get("median_step_s"),
                     int(prof.get("peak_memory_bytes", 0)), steps=steps, units=units)
         threading.Thread(target=self._read_host, args=(live,), daemon=True).start()
-        with self.db_lock:
-            self.store.transition(rec.id, TaskState.CREATED)
-            self.store.progress(rec.id, steps, units, 0.0, 0, stage)
+        self.store.transition(rec.id, TaskState.CREATED)
+        self.store.progress(rec.id, steps, units, 0.0, 0, stage)
         self.live[rec.id] = live
         return live
 
@@ -148,8 +207,8 @@ class Manager:
                 ev = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            self.inbox[live.stage].put(("host", live.rec.id, ev))
-        self.inbox[live.stage].put(("exit", live.rec.id, None))
+            self.q.put(("host", live.rec.id, ev))
+        self.q.put(("exit", live.rec.id, None))
 
     def _send(self, live: Live, cmd: dict) -> None:
         try:
@@ -159,66 +218,97 @@ class Manager:
         except (BrokenPipeError, OSError):
             pass
 
+    def _signal(self, live: Live, sig: int) -> None:
+        try:
+            os.kill(live.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
     def _set_state(self, live: Live, state: TaskState, reason: str | None = None) -> None:
-        with self.db_lock:
-            cur = self.store.get(live.rec.id).state
-            if cur != state and not cur.terminal:
-                self.store.transition(live.rec.id, state, reason)
+        cur = self.store.get(live.rec.id).state
+        if cur != state and not cur.terminal:
+            self.store.transition(live.rec.id, state, reason)
 
     def _progress(self, live: Live) -> None:
-        with self.db_lock:
-            self.store.progress(live.rec.id, live.steps, live.units, live.busy_s, live.overruns, live.stage)
+        self.store.progress(live.rec.id, live.steps, live.units, live.busy_s, live.overruns, live.stage)
+
+    def _forget(self, live: Live) -> None:
+        self.live.pop(live.rec.id, None)
+        if self.running_on.get(live.stage) is live:
+            del self.running_on[live.stage]
+        live.running = False
 
     def _fail(self, live: Live, reason: str) -> None:
         if live.proc.poll() is None:
             live.proc.kill()
             live.proc.wait()
-        live.running = False
+        self._forget(live)
         self.failures.append({"task": live.rec.id, "name": live.rec.name, "stage": live.stage, "reason": reason})
         self._set_state(live, TaskState.FAILED, reason)
         self._progress(live)
-        self.live.pop(live.rec.id, None)
 
     def _exit_reason(self, live: Live) -> str:
         lines = [ln for ln in live.log.read_text(errors="replace").splitlines() if ln.strip()] if live.log.exists() else []
-        if any("MemoryError" in ln for ln in lines[-5:]):
-            return f"out of memory (limit {live.rec.memory_limit_mb or self.default_memory_mb} MB)"
+        if any("MemoryError" in ln or "out of memory" in ln.lower() for ln in lines[-5:]):
+            return f"out of memory (limit {live.rec.memory_limit_mb or self.opts.default_memory_mb} MB)"
         last = lines[-1].strip() if lines else "no output"
         return f"crashed (exit code {live.proc.returncode}): {last[-300:]}"
 
-    # ------------------------------------------------------------------ scheduling
-    def _candidates(self, stage: int, ev: BubbleEvent | None) -> list[Live]:
-        out = []
-        now = time.monotonic()
-        for live in self.live.values():
-            if live.stage != stage or not live.ready or live.finished or live.running or live.saving:
-                continue
-            if ev is not None:
-                if ev.predicted_end is None or ev.predicted_end - now <= live.need_s:
-                    continue
-                if live.peak_bytes and live.peak_bytes > ev.free_memory:
-                    continue
-            out.append(live)
-        return sorted(out, key=lambda t: (-t.rec.priority, t.rec.id))
-
-    def _fill(self, stage: int, ev: BubbleEvent) -> None:
-        """Inside a bubble and no task running: start the best one that fits what is left of it."""
-        if ev.predicted_end is None or ev.predicted_end <= time.monotonic():
+    def _move(self, live: Live, stage: int) -> None:
+        """A floating task goes to ``stage``'s core (every thread of its process)."""
+        live.stage = stage
+        if not self.opts.pin:
             return
-        if any(t.running for t in self.live.values() if t.stage == stage):
+        cores = set(stage_cores(stage))
+        try:
+            tids = os.listdir(f"/proc/{live.proc.pid}/task")
+        except OSError:
+            tids = [str(live.proc.pid)]
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), cores)
+            except OSError:
+                pass
+
+    # ------------------------------------------------------------------ scheduling
+    def _candidates(self, stage: int, ev: BubbleEvent) -> list[Live]:
+        now = time.monotonic()
+        out = []
+        for live in self.live.values():
+            if not live.ready or live.finished or live.running or live.saving or live.probing:
+                continue
+            if live.home is not None and live.home != stage:
+                continue
+            if ev.predicted_end is None or ev.predicted_end - now <= live.need_s(self.factor):
+                continue
+            if live.peak_bytes and live.peak_bytes > ev.free_memory:
+                continue
+            out.append(live)
+        # highest priority first; among equals, the one that has had the least time (fair share)
+        return sorted(out, key=lambda t: (-t.rec.priority, t.busy_s, t.rec.id))
+
+    def _fill(self, stage: int) -> None:
+        """Inside a bubble and no task running there: start the best one that fits what is left."""
+        ev = self.bubble.get(stage)
+        if ev is None or not self.harvesting or stage in self.running_on:
+            return
+        if ev.predicted_end is None or ev.predicted_end <= time.monotonic():
             return
         cands = self._candidates(stage, ev)
         if cands:
-            self._start(cands[0], ev.predicted_end)
+            self._start(cands[0], stage, ev.predicted_end)
 
-    def _start(self, live: Live, until: float) -> None:
+    def _start(self, live: Live, stage: int, until: float) -> None:
+        if live.home is None and live.stage != stage:
+            self._move(live, stage)
         live.running = True
         live.bubble_end = until
+        self.running_on[live.stage] = live
         self._set_state(live, TaskState.RUNNING)
         if live.kind == "iterative":
-            self._send(live, {"cmd": "run", "until": until, "need_s": live.need_s})
+            self._send(live, {"cmd": "run", "until": until, "need_s": live.need_s(self.factor)})
         else:
-            os.kill(live.proc.pid, signal.SIGCONT)
+            self._signal(live, signal.SIGCONT)
 
     def _pause(self, live: Live) -> None:
         if not live.running:
@@ -226,48 +316,56 @@ class Manager:
         if live.kind == "iterative":
             if live.yield_asked is None:
                 live.yield_asked = time.monotonic()
-                try:
-                    os.kill(live.proc.pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
+                self._signal(live, signal.SIGUSR1)
         else:
-            try:
-                os.kill(live.proc.pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass
+            self._signal(live, signal.SIGSTOP)
             live.running = False
+            if self.running_on.get(live.stage) is live:
+                del self.running_on[live.stage]
             self._set_state(live, TaskState.PAUSED)
 
     def _on_host(self, live: Live, ev: dict) -> None:
         kind = ev["ev"]
         if kind == "ready":
             if live.kind == "imperative" and self.mode == "freeride":
-                os.kill(live.proc.pid, signal.SIGSTOP)  # it waits for its first bubble
+                self._signal(live, signal.SIGSTOP)  # it waits for its first bubble
             live.ready = True
             live.finished = bool(ev["finished"])
             self._set_state(live, TaskState.PAUSED)
             if live.finished:  # resumed from a checkpoint taken after its last step
                 self._finish(live)
+            elif (live.kind == "iterative" and live.profiled_step_s is None and self.opts.device == "cpu"
+                  and self.mode == "freeride"):
+                # no profile: learn the step time from a few steps at idle priority (on CPU the
+                # host only gets a core the stage leaves idle) instead of guessing
+                live.probing = True
+                self._send(live, {"cmd": "run", "until": time.monotonic() + 3600, "need_s": 0.0, "max_steps": PROBE_STEPS})
         elif kind == "step":
             live.steps += 1
             live.units += float(ev["units"])
             live.busy_s += ev["t1"] - ev["t0"]
+            live.step_times.append(ev["t1"] - ev["t0"])
             over = 0.0
             if self.mode == "freeride" and live.bubble_end is not None and ev["t1"] > live.bubble_end:
                 over = ev["t1"] - live.bubble_end
                 live.overruns += 1
                 live.overrun_s += over
-            self.steps.append({"stage": live.stage, "task": live.rec.id, "name": live.rec.name, "t0": ev["t0"],
-                               "t1": ev["t1"], "units": ev["units"], "overrun_s": over})
+            rec = {"stage": live.stage, "task": live.rec.id, "name": live.rec.name, "t0": ev["t0"],
+                   "t1": ev["t1"], "units": ev["units"], "overrun_s": over}
+            self.steps_file.write(json.dumps(rec) + "\n")
         elif kind == "yield":
             live.running = False
+            live.probing = False
             live.yield_asked = None
+            if self.running_on.get(live.stage) is live:
+                del self.running_on[live.stage]
             live.finished = bool(ev["finished"])
             self._progress(live)
             if live.finished:
                 self._finish(live)
             else:
                 self._set_state(live, TaskState.PAUSED)
+                self._fill(live.stage)  # what is left of the bubble may fit a shorter step
         elif kind == "saved":
             live.saving = False
             live.last_ckpt = time.monotonic()
@@ -276,8 +374,7 @@ class Manager:
     def _store_checkpoint(self, live: Live) -> None:
         """Copy the task's checkpoint file into the durable store."""
         if live.ckpt.exists():
-            with self.db_lock:
-                self.store.save_checkpoint(live.rec.id, live.ckpt.read_bytes(), live.steps, live.units)
+            self.store.save_checkpoint(live.rec.id, live.ckpt.read_bytes(), live.steps, live.units)
 
     def _stop_host(self, live: Live) -> None:
         """Ask an iterative host to save and exit (killed if it will not), then keep its state."""
@@ -286,21 +383,22 @@ class Manager:
             live.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             live.proc.kill()
+            live.proc.wait()
         self._store_checkpoint(live)
 
     def _finish(self, live: Live) -> None:
         self._stop_host(live)
+        self._forget(live)
         self._set_state(live, TaskState.FINISHED)
         self._progress(live)
-        self.live.pop(live.rec.id, None)
 
     def _on_exit(self, live: Live) -> None:
         code = live.proc.wait()
         if live.kind == "imperative" and code == 0:
             self._read_imperative_progress(live)
+            self._forget(live)
             self._set_state(live, TaskState.FINISHED)
             self._progress(live)
-            self.live.pop(live.rec.id, None)
         elif live.rec.id in self.live and not self.stop.is_set():
             self._fail(live, self._exit_reason(live))
 
@@ -313,96 +411,103 @@ class Manager:
                 pass
             self._store_checkpoint(live)
 
-    # ------------------------------------------------------------------ loops
-    def _stage_loop(self, stage: int) -> None:
-        q = self.inbox[stage]
-        while not self.stop.is_set():
-            wait = 0.05
-            for t in self.live.values():  # wake for an imperative task's bubble end
-                if t.stage == stage and t.running and t.kind == "imperative" and t.bubble_end:
-                    wait = max(0.0, min(wait, t.bubble_end - time.monotonic()))
-            try:
-                item = q.get(timeout=wait)
-            except queue.Empty:
-                item = None
-            now = time.monotonic()
-            if item is not None:
-                src, tid, payload = item
-                live = self.live.get(tid) if tid is not None else None
-                if src == "host" and live is not None:
-                    self._on_host(live, payload)
-                elif src == "exit" and live is not None:
-                    self._on_exit(live)
-                elif src == "bubble" and self.mode == "freeride":
-                    ev: BubbleEvent = payload
-                    if ev.kind == "bubble":
-                        self.bubble[stage] = ev
-                    else:  # the stage computes again: give its core back
-                        self.bubble[stage] = None
-                        for t in list(self.live.values()):
-                            if t.stage == stage and t.running:
-                                self._pause(t)
-                if self.mode == "freeride" and self.bubble[stage] is not None:
-                    self._fill(stage, self.bubble[stage])
-            for t in list(self.live.values()):
-                if t.stage != stage:
-                    continue
-                if self.mode == "freeride" and t.running and t.kind == "imperative" and t.bubble_end and now >= t.bubble_end:
+    def _on_bubble_event(self, ev: BubbleEvent) -> None:
+        if ev.kind in ("on", "off"):
+            self.harvesting = ev.kind == "on"
+            if not self.harvesting:
+                for t in list(self.live.values()):
                     self._pause(t)
-                if t.yield_asked is not None and now - t.yield_asked > max(self.pause_grace_s, 20 * t.need_s):
-                    self._fail(t, f"ignored a pause for {now - t.yield_asked:.2f} s")
-                    continue
-                due = t.kind == "iterative" and now - t.last_ckpt > CHECKPOINT_EVERY_S
-                if not t.running and t.ready and not t.saving and not t.finished:
-                    if due:  # checkpoint while paused (the host runs at idle priority)
-                        t.saving = True
-                        self._send(t, {"cmd": "checkpoint"})
-                    elif self.mode != "freeride" and not any(o.running for o in self.live.values() if o.stage == stage):
-                        self._start(t, float("inf"))
-                elif t.running and due and self.mode != "freeride":
-                    self._pause(t)  # continuous modes: yield now and then so the task can checkpoint
+            return
+        if not 0 <= ev.stage < self.stages or self.mode != "freeride":
+            return
+        if ev.kind == "bubble":
+            self.bubble[ev.stage] = ev
+            self._fill(ev.stage)
+        else:  # the stage computes again: give its core back
+            self.bubble.pop(ev.stage, None)
+            t = self.running_on.get(ev.stage)
+            if t is not None:
+                self._pause(t)
 
-    def _event_loop(self) -> None:
-        while not self.stop.is_set():
-            ev = self.sub.receive(timeout=0.05)
-            if ev is not None and 0 <= ev.stage < self.stages:
-                self.events_seen += 1
-                self.inbox[ev.stage].put(("bubble", None, ev))
+    def _housekeeping(self, now: float) -> None:
+        for t in list(self.live.values()):
+            if self.mode == "freeride" and t.running and t.kind == "imperative" and t.bubble_end and now >= t.bubble_end:
+                self._pause(t)
+            if t.yield_asked is not None and now - t.yield_asked > max(self.opts.pause_grace_s, 20 * t.need_s(self.factor)):
+                self._fail(t, f"ignored a pause for {now - t.yield_asked:.2f} s")
+                continue
+            due = t.kind == "iterative" and now - t.last_ckpt > CHECKPOINT_EVERY_S
+            if not t.running and t.ready and not t.saving and not t.finished and not t.probing:
+                if due:  # checkpoint while paused (the host runs at idle priority)
+                    t.saving = True
+                    self._send(t, {"cmd": "checkpoint"})
+                elif self.mode != "freeride" and self.harvesting and t.stage not in self.running_on:
+                    self._start(t, t.stage, float("inf"))
+            elif t.running and due and self.mode != "freeride":
+                self._pause(t)  # continuous modes: yield now and then so the task can checkpoint
 
     def _poll_store(self) -> None:
         """New submissions and cancellations, seen while running (the store is shared)."""
-        with self.db_lock:
-            recs = self.store.list()
-        for rec in recs:
+        for rec in self.store.list():
             if rec.state is TaskState.SUBMITTED and rec.id not in self.live and not rec.cancel_requested:
                 try:
                     self._spawn(rec)
                 except Exception as e:  # a task that cannot even start fails alone
-                    with self.db_lock:
-                        self.store.transition(rec.id, TaskState.FAILED, f"could not start: {e}")
+                    self.store.transition(rec.id, TaskState.FAILED, f"could not start: {e}")
             elif rec.cancel_requested and rec.id in self.live:
-                live = self.live.pop(rec.id)
+                live = self.live[rec.id]
                 live.proc.kill()
                 live.proc.wait()
+                self._forget(live)
                 self._set_state(live, TaskState.STOPPED, "cancelled by the user")
 
+    # ------------------------------------------------------------------ loops
+    def _schedule_loop(self) -> None:
+        last_poll = 0.0
+        while not self.stop.is_set():
+            wait = 0.05
+            for t in self.live.values():  # wake for an imperative task's bubble end
+                if t.running and t.kind == "imperative" and t.bubble_end:
+                    wait = max(0.0, min(wait, t.bubble_end - time.monotonic()))
+            try:
+                item = self.q.get(timeout=wait)
+            except queue.Empty:
+                item = None
+            if item is not None:
+                src, tid, payload = item
+                live = self.live.get(tid) if tid is not None else None
+                if src == "bubble":
+                    self._on_bubble_event(payload)
+                elif src == "host" and live is not None:
+                    self._on_host(live, payload)
+                elif src == "exit" and live is not None:
+                    self._on_exit(live)
+            now = time.monotonic()
+            self._housekeeping(now)
+            if now - last_poll >= STORE_POLL_S:
+                last_poll = now
+                self._poll_store()
+
+    def _event_loop(self) -> None:
+        while not self.stop.is_set():
+            ev = self.sub.receive(timeout=0.05)
+            if ev is not None:
+                self.events_seen += 1
+                self.q.put(("bubble", None, ev))
+
     def serve(self) -> None:
-        with self.db_lock:
-            self.store.recover()
-        threads = [threading.Thread(target=self._event_loop, daemon=True)]
-        threads += [threading.Thread(target=self._stage_loop, args=(s,), daemon=True) for s in range(self.stages)]
-        for t in threads:
-            t.start()
+        self.store.recover()
+        write_json_atomic(self.run_dir / "manager.pid", os.getpid())
+        listener = threading.Thread(target=self._event_loop, daemon=True)
+        listener.start()
+        self._poll_store()
         # atomically: the launcher reads the port as soon as the file exists
         write_json_atomic(self.run_dir / "manager.ready", self.port)
         try:
-            while not self.stop.is_set():
-                self._poll_store()
-                self.stop.wait(0.2)
+            self._schedule_loop()
         finally:
             self.stop.set()
-            for t in threads:
-                t.join(timeout=2)
+            listener.join(timeout=2)
             self.shutdown()
 
     def shutdown(self) -> None:
@@ -410,13 +515,10 @@ class Manager:
         for live in list(self.live.values()):
             if live.kind == "iterative" and live.proc.poll() is None:
                 if live.running:  # finish the step in progress, then read the stop command
-                    try:
-                        os.kill(live.proc.pid, signal.SIGUSR1)
-                    except ProcessLookupError:
-                        pass
+                    self._signal(live, signal.SIGUSR1)
                 self._stop_host(live)
             elif live.proc.poll() is None:
-                os.kill(live.proc.pid, signal.SIGCONT)
+                self._signal(live, signal.SIGCONT)
                 live.proc.terminate()
                 try:
                     live.proc.wait(timeout=30)
@@ -424,32 +526,50 @@ class Manager:
                     live.proc.kill()
                 self._read_imperative_progress(live)
             self._progress(live)
-            with self.db_lock:
-                state = self.store.get(live.rec.id).state
+            state = self.store.get(live.rec.id).state
             if state in (TaskState.RUNNING, TaskState.CREATED):
                 self._set_state(live, TaskState.PAUSED)
+        self.steps_file.close()
+        tasks = self.store.list()
         record = {
             "mode": self.mode,
+            "device": self.opts.device,
+            "mps": self.mps,
             "events_seen": self.events_seen,
-            "steps": self.steps,
-            "failures": self.failures,
-            "tasks": [t.to_dict() for t in self.store.list()],
+            "steps": read_steps(self.run_dir),
+            # from the store, so failures seen by an earlier (crashed) manager are kept
+            "failures": [{"task": t.id, "name": t.name, "stage": t.stage, "reason": t.reason}
+                         for t in tasks if t.state is TaskState.FAILED],
+            "tasks": [t.to_dict() for t in tasks],
         }
         write_json_atomic(self.run_dir / "harvest.json", record)
+        (self.run_dir / "manager.pid").unlink(missing_ok=True)
         self.sub.close()
+        self.store.close()
+
+
+def read_steps(run_dir: str | Path) -> list[dict]:
+    """Every side-task step recorded in a run directory, by this and any earlier manager."""
+    f = Path(run_dir) / "steps.jsonl"
+    out = []
+    if f.exists():
+        for line in f.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a kill -9
+                continue
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flowride.harvest.manager")
     ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--stages", type=int, required=True)
-    ap.add_argument("--mode", default="freeride", choices=MODES)
-    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--options", required=True, help="JSON file: ManagerOptions fields")
     ap.add_argument("--profiles", help="JSON file: task name -> profile (median_step_s, peak_memory_bytes, throughput)")
-    ap.add_argument("--no-pin", action="store_true")
     a = ap.parse_args(argv)
+    opts = ManagerOptions(**json.loads(Path(a.options).read_text()))
     profiles = json.loads(Path(a.profiles).read_text()) if a.profiles else {}
-    m = Manager(a.run_dir, a.stages, a.mode, a.port, profiles, pin=not a.no_pin)
+    m = Manager(a.run_dir, opts, profiles)
     signal.signal(signal.SIGTERM, lambda *_: m.stop.set())
     signal.signal(signal.SIGINT, lambda *_: m.stop.set())
     m.serve()

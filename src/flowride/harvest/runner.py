@@ -2,7 +2,8 @@
 
 Iterative tasks: the worker sends ``{"cmd": "run", "until": T, "need_s": s}``; the host runs
 steps while the time left before T exceeds ``need_s`` (the profiled step time x 1.2), reporting
-each step, then yields. SIGUSR1 means "the stage needs its core back": the host yields after the
+each step, then yields (``"max_steps": n`` stops after n steps: the manager's probe of an
+unprofiled task). SIGUSR1 means "the stage needs its core back": the host yields after the
 step in progress. ``{"cmd": "checkpoint"}`` pickles ``task.state()`` to the checkpoint file.
 
 Imperative tasks: the host calls ``main(params, checkpoint_path)`` and the worker pauses and
@@ -41,14 +42,12 @@ def _save(path: Path, state: dict) -> None:
 
 def host_iterative(name: str, params: dict, ckpt: Path) -> int:
     global _yield_now
+    from flowride.harvest.limits import apply_cuda_memory_cap
     from flowride.harvest.task import make_task
 
-    frac = os.environ.get("FLOWRIDE_CUDA_MEMORY_FRACTION")
-    if frac:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.set_per_process_memory_fraction(float(frac))
+    frac = apply_cuda_memory_cap()
+    if frac is not None:
+        sys.stderr.write(f"flowride: CUDA memory fraction {frac:.4f} applied\n")
     signal.signal(signal.SIGUSR1, _on_usr1)
     task = make_task(name, params)
     task.setup()
@@ -61,7 +60,9 @@ def host_iterative(name: str, params: dict, ckpt: Path) -> int:
         if cmd["cmd"] == "run":
             _yield_now = False
             until, need = float(cmd["until"]), float(cmd["need_s"])
-            while not task.finished() and not _yield_now and until - time.monotonic() > need:
+            left = int(cmd.get("max_steps", -1))  # a probe runs a few steps whatever the time
+            while not task.finished() and not _yield_now and until - time.monotonic() > need and left != 0:
+                left -= 1
                 t0 = time.monotonic()
                 units = float(task.step())
                 _emit({"ev": "step", "t0": t0, "t1": time.monotonic(), "units": units})
@@ -77,8 +78,10 @@ def host_iterative(name: str, params: dict, ckpt: Path) -> int:
 
 
 def host_imperative(name: str, params: dict, ckpt: Path) -> int:
+    from flowride.harvest.limits import apply_cuda_memory_cap
     from flowride.harvest.task import ImperativeSpec, resolve
 
+    apply_cuda_memory_cap()
     spec = resolve(name)
     assert isinstance(spec, ImperativeSpec)
     _emit({"ev": "ready", "finished": False, "unit": spec.unit})  # imports done: pausable from here

@@ -1,33 +1,37 @@
-"""Training with harvesting, end to end: submit tasks, start the manager, train, report.
+"""Training with harvesting, end to end: submit tasks, start a supervised manager, train, report.
 
-The manager runs as its own process (so a crash of it, or of any side task, never touches
-training). Its port goes to the trainer's bubble publisher. In ``naive`` and ``priority`` modes
-it ignores bubbles and runs tasks all the time. The report adds the harvest fields to the train
-report, measured against a ``none`` run of the same configuration.
+:func:`compare` is the one orchestration that the CLI (``flowride train --side-tasks``), the
+demo and the benchmark use: a ``none`` baseline run (for the losses check and the separate-runs
+overhead), then the harvesting run, in which harvesting is switched on and off in randomized
+blocks of iterations so that the overhead is measured paired, inside one run
+(:mod:`flowride.harvest.stats`). The manager runs as its own process (so a crash of it, or of
+any side task, never touches training), watched by :class:`flowride.harvest.supervise.ManagerProcess`.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
+import statistics
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from flowride.errors import InputError
+from flowride.files import write_json_atomic
 from flowride.harvest.cost import harvest_efficiency, savings
+from flowride.harvest.manager import ManagerOptions
 from flowride.harvest.profile import profile_task
+from flowride.harvest.stats import paired_overhead
 from flowride.harvest.store import TaskStore
-from flowride.harvest.task import resolve
+from flowride.harvest.supervise import ManagerProcess
+from flowride.harvest.task import ImperativeSpec, resolve
 from flowride.pipeline.config import TrainConfig
 from flowride.pipeline.trainer import TrainResult, train
 
 HARVEST_MODES = ("none", "freeride", "naive", "priority")
+DEFAULT_BUDGET_PCT = 2.0  # the training owner's overhead budget (FreeRide reports about 1%)
 
 # Built-in tasks submitted by name from `flowride train --side-tasks` run as long jobs: they keep
 # working until training ends (then they are checkpointed and stay resumable). PageRank runs a
@@ -38,44 +42,17 @@ JOB_PARAMS: dict[str, dict] = {
     "image": {"total_batches": 10**7},
     "image-proc": {"total_batches": 10**7},
 }
+CUDA_CAPABLE = frozenset({"cnn"})  # built-ins that compute on a GPU when side tasks run on CUDA
 
 
-def _idle_priority() -> None:
-    """The manager itself only works while a stage idles: on CPU it runs at idle priority, so it
-    can never take a core from training (its side tasks run at idle priority too)."""
-    os.nice(19)
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
+def job_params(name: str, device: str = "cpu") -> dict:
+    params = dict(JOB_PARAMS.get(name, {}))
+    if device == "cuda" and name in CUDA_CAPABLE:
+        params["device"] = "cuda"
+    return params
 
 
-def start_manager(run_dir: Path, stages: int, mode: str, profiles: dict, timeout: float = 60.0) -> tuple[subprocess.Popen, int]:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "manager.ready").unlink(missing_ok=True)
-    prof_file = run_dir / "task-profiles.json"
-    prof_file.write_text(json.dumps(profiles))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
-    log = open(run_dir / "manager.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flowride.harvest.manager", "--run-dir", str(run_dir), "--stages", str(stages),
-         "--mode", mode, "--profiles", str(prof_file)],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_idle_priority,
-    )
-    t0 = time.monotonic()
-    ready = run_dir / "manager.ready"
-    while not ready.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"the side-task manager exited: {(run_dir / 'manager.log').read_text()[-500:]}")
-        if time.monotonic() - t0 > timeout:
-            proc.kill()
-            raise RuntimeError("the side-task manager did not start")
-        time.sleep(0.02)
-    return proc, int(ready.read_text())
-
-
-def wait_until_created(run_dir: Path, proc: subprocess.Popen, timeout: float = 180.0) -> None:
+def wait_until_created(run_dir: Path, mp: ManagerProcess, timeout: float = 180.0) -> None:
     """Side tasks are created (process started, setup done) before training starts, so the first
     bubbles find them ready; creation itself runs at idle priority."""
     from flowride.harvest.states import TaskState
@@ -87,98 +64,191 @@ def wait_until_created(run_dir: Path, proc: subprocess.Popen, timeout: float = 1
             states = [t.state for t in store.list()]
             if all(s not in (TaskState.SUBMITTED, TaskState.CREATED) for s in states):
                 return
-            if proc.poll() is not None or time.monotonic() - t0 > timeout:
+            if not mp.alive() or time.monotonic() - t0 > timeout:
                 raise RuntimeError(f"side tasks were not created in time (states: {[str(s) for s in states]})")
             time.sleep(0.05)
     finally:
         store.close()
 
 
-def stop_manager(proc: subprocess.Popen, run_dir: Path, timeout: float = 90.0) -> dict:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    f = run_dir / "harvest.json"
-    return json.loads(f.read_text()) if f.exists() else {"steps": [], "failures": [], "tasks": []}
-
-
 def profiles_for(tasks: list[str], cache: Path | None = None) -> dict[str, dict]:
-    cached = json.loads(cache.read_text()) if cache and cache.exists() else {}
+    """Each iterative task's profile (step time, throughput, peak memory), measured alone in a
+    fresh process, or read from ``cache``."""
+    from flowride.files import read_json
+
+    cached = read_json(cache, "task profiles", "delete the file to re-profile") if cache and cache.exists() else {}
     out = {}
     for name in dict.fromkeys(tasks):
-        if resolve(name).__class__.__name__ == "ImperativeSpec":
+        if isinstance(resolve(name), ImperativeSpec):
             continue  # profiled through its iterative twin, if any
         out[name] = cached.get(name) or profile_task(name, JOB_PARAMS.get(name, {}))
     if cache:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({**cached, **out}, indent=1))
+        write_json_atomic(cache, {**cached, **out}, indent=1)
     return out
 
 
 def run_harvest(cfg: TrainConfig, mode: str, tasks: list[str], profiles: dict[str, dict], on_progress=None,
-                bubble_profile: str | None = None) -> tuple[TrainResult, dict]:
+                bubble_profile: str | None = None, side_device: str = "cpu", max_restarts: int = 3) -> tuple[TrainResult, dict]:
     """Train ``cfg`` with side ``tasks`` under ``mode``; returns the training result and the
-    manager's record (side-task steps, failures, final task states)."""
+    manager's record (side-task steps, failures, final task states, manager restarts)."""
     if mode not in HARVEST_MODES:
         raise InputError("--harvest", f"unknown mode {mode!r}", f"choose one of {', '.join(HARVEST_MODES)}")
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     pinned = replace(cfg, pin_cores=True)
     if mode == "none" or not tasks:
-        return train(pinned, on_progress), {"steps": [], "failures": [], "tasks": [], "mode": mode}
+        return train(pinned, on_progress), {"steps": [], "failures": [], "tasks": [], "mode": mode,
+                                            "manager_restarts": 0, "harvest_stopped": None}
     store = TaskStore.in_run_dir(run_dir)
     for name in tasks:
-        store.submit(name, JOB_PARAMS.get(name, {}))
+        store.submit(name, job_params(name, side_device))
     store.close()
-    proc, port = start_manager(run_dir, cfg.stages, mode, profiles)
+    mp = ManagerProcess(run_dir, ManagerOptions(stages=cfg.stages, mode=mode, device=side_device), profiles,
+                        max_restarts=max_restarts)
+    port = mp.start()
     try:
-        wait_until_created(run_dir, proc)
+        wait_until_created(run_dir, mp)
+        mp.watch()
         res = train(replace(pinned, bubble_port=port, profile=bubble_profile), on_progress)
     finally:
-        record = stop_manager(proc, run_dir)
+        record = mp.stop()
     return res, record
 
 
-def harvest_report(base_rep: dict, rep: dict, record: dict, mode: str, profiles: dict[str, dict],
-                   p_ref: float = 1.0, p_main: float | None = None) -> dict:
-    """The harvest fields of the train report (see README), against the ``none`` run ``base_rep``."""
+def _in_windows(t0: float, windows: list[tuple[float, float]]) -> bool:
+    return any(a <= t0 < b for a, b in windows)
+
+
+def harvest_report(base_rep: dict | None, rep: dict, record: dict, mode: str, profiles: dict[str, dict],
+                   p_ref: float = 1.0, p_main: float | None = None, budget_pct: float = DEFAULT_BUDGET_PCT,
+                   block: int | None = None) -> dict:
+    """The harvest fields of the train report (see README).
+
+    Paired runs (``rep["iteration_harvest"]`` set): the overhead, its CI and every other figure
+    come from the on and off iterations of this one run; ``base_rep`` (a separate ``none`` run,
+    optional) gives the separate-runs overhead and the losses check. Unpaired runs: everything
+    against ``base_rep``, as before.
+    """
     p_main = float(rep["stages"]) if p_main is None else p_main
-    t_v = float(np.sum(base_rep["iteration_times_s"]))
-    t_f = float(np.sum(rep["iteration_times_s"]))
+    times = [float(t) for t in rep["iteration_times_s"]]
+    flags = rep.get("iteration_harvest") or [None] * len(times)
+    windows = [tuple(w) for w in rep.get("iteration_windows", [])]
+    paired = any(f is not None for f in flags)
+    out: dict = {"harvest_mode": mode, "overhead_budget_pct": budget_pct}
+    if paired:
+        on = [i for i, f in enumerate(flags) if f]
+        off = [i for i, f in enumerate(flags) if f is False]
+        stats = paired_overhead(times, flags, block or _block_of(flags))
+        t_off = statistics.median(times[i] for i in off)
+        t_v = t_off * len(on)
+        t_f = sum(times[i] for i in on)
+        bubble = statistics.median(rep["iteration_idle_s"][i] for i in off) * len(on)
+        counted = [windows[i] for i in on]
+        wall = t_f
+        out.update({"overhead_pct": stats["median_pct"], "overhead_ci95": stats["ci95_pct"],
+                    "overhead_pct_unpaired_in_run": stats["unpaired_pct"],
+                    "overhead_ci95_unpaired_in_run": stats["unpaired_ci95_pct"],
+                    "overhead_pairs": stats["pairs"], "overhead_method": "paired on/off blocks in one run",
+                    "overhead_per_pair_pct": stats["per_pair_pct"]})
+    else:
+        if base_rep is None:
+            raise ValueError("an unpaired harvest report needs a baseline report")
+        t_v = float(np.sum(base_rep["iteration_times_s"]))
+        t_f = float(np.sum(times))
+        bubble = base_rep["bubble_seconds_total"] * len(rep["losses"]) / max(1, len(base_rep["losses"]))
+        lo, hi = rep["window_monotonic"]
+        counted = [(lo, hi)]
+        wall = t_f
+        out.update({"overhead_pct": (rep["iteration_time_s"] / base_rep["iteration_time_s"] - 1.0) * 100.0,
+                    "overhead_ci95": None, "overhead_method": "separate none run"})
+    out["overhead_pct_unpaired"] = (
+        (rep["iteration_time_s"] / base_rep["iteration_time_s"] - 1.0) * 100.0 if base_rep is not None else None
+    )
     side: dict[str, dict] = {}
-    lo, hi = rep["window_monotonic"]
     for st in record.get("steps", []):
-        if st["t0"] < lo or st["t1"] > hi:
-            continue  # only work done while training ran counts
+        if not _in_windows(st["t0"], counted):
+            continue  # only work done while (harvesting) training ran counts
         d = side.setdefault(str(st["task"]), {"name": st["name"], "steps": 0, "units": 0.0, "busy_s": 0.0, "overruns": 0, "overrun_s": 0.0})
         d["steps"] += 1
         d["units"] += st["units"]
         d["busy_s"] += st["t1"] - st["t0"]
         d["overruns"] += 1 if st.get("overrun_s", 0) > 0 else 0
         d["overrun_s"] += st.get("overrun_s", 0.0)
-    wall = float(np.sum(rep["iteration_times_s"]))
     dedicated = 0.0
     for d in side.values():
         prof = profiles.get(d["name"], {})
         d["unit"] = prof.get("unit", "units")
-        d["throughput"] = d["units"] / wall if wall > 0 else 0.0  # units per second of training
+        d["throughput"] = d["units"] / wall if wall > 0 else 0.0  # units per second of (harvesting) training
         d["dedicated_throughput"] = prof.get("throughput", 0.0)
         if d["dedicated_throughput"] > 0:
             dedicated += d["units"] / d["dedicated_throughput"]
-    # the bubbles there were to fill: the none run's idle time, scaled to this run's iterations
-    bub = base_rep["bubble_seconds_total"] * len(rep["losses"]) / max(1, len(base_rep["losses"]))
-    return {
-        "harvest_mode": mode,
-        "overhead_pct": (rep["iteration_time_s"] / base_rep["iteration_time_s"] - 1.0) * 100.0,
+    hi = out["overhead_ci95"][1] if out.get("overhead_ci95") else out["overhead_pct"]
+    out.update({
+        "within_budget": bool(hi <= budget_pct),
         "side_work": side,
-        "harvest_efficiency": harvest_efficiency(dedicated, bub),
-        "bubble_seconds": bub,
+        "harvest_efficiency": harvest_efficiency(dedicated, bubble),
+        "bubble_seconds": bubble,
         "cost": savings(t_v, t_f, dedicated, p_ref, p_main),
-        "losses_identical": rep["losses"] == base_rep["losses"],
+        "losses_identical": (rep["losses"] == base_rep["losses"]) if base_rep is not None else None,
         "failures": record.get("failures", []),
         "tasks": record.get("tasks", []),
-    }
+        "manager_restarts": record.get("manager_restarts", 0),
+        "harvest_stopped": record.get("harvest_stopped"),
+    })
+    return out
+
+
+def _block_of(flags: list[bool | None]) -> int:
+    """The block length of a paired run: the shortest run of equal flags."""
+    runs, n = [], 1
+    for a, b in zip(flags, flags[1:], strict=False):
+        if a == b:
+            n += 1
+        else:
+            runs.append(n)
+            n = 1
+    runs.append(n)
+    return min(runs[:-1] or runs)
+
+
+@dataclass
+class Comparison:
+    """A harvesting run measured against training alone."""
+
+    baseline: dict | None  # the none run's report
+    result: TrainResult  # the harvesting run
+    record: dict  # the manager's record
+    report: dict  # the harvesting run's report with the harvest fields
+
+
+def compare(cfg: TrainConfig, mode: str, tasks: list[str], *, paired_block: int = 2, baseline: bool = True,
+            baseline_report: dict | None = None, profiles: dict[str, dict] | None = None,
+            p_ref: float = 1.0, p_main: float | None = None, budget_pct: float = DEFAULT_BUDGET_PCT,
+            side_device: str = "cpu", bubble_profile: str | None = None,
+            on_stage: Callable[[str], None] | None = None, on_progress=None) -> Comparison:
+    """Train ``cfg`` alone (unless ``baseline_report`` is given or ``baseline`` is False), then
+    with side ``tasks`` in ``mode``, harvesting switched on and off in randomized blocks of
+    ``paired_block`` iterations (0: not paired, against the baseline run only)."""
+    if mode not in HARVEST_MODES:
+        raise InputError("--harvest", f"unknown mode {mode!r}", f"choose one of {', '.join(HARVEST_MODES)}")
+    for t in tasks:
+        resolve(t)
+    replace(cfg, paired_block=paired_block).validate()  # bad input fails before the baseline runs
+    run_dir = Path(cfg.run_dir)
+    say = on_stage or (lambda _s: None)
+    if profiles is None:
+        say("profiling side tasks alone (dedicated throughput, step time, memory)")
+        profiles = profiles_for(tasks, run_dir / "task-profiles.json")
+    base_rep = baseline_report
+    if base_rep is None and (baseline or not paired_block):
+        say("baseline: the same training without side tasks")
+        base = train(replace(cfg, run_dir=str(run_dir / "baseline"), pin_cores=True, bubble_port=None, paired_block=0), on_progress)
+        base_rep = base.report()
+        write_json_atomic(run_dir / "bubble-profile.json", base.profile(), indent=1)
+    say(f"harvesting: {mode} with {', '.join(tasks) or 'no tasks'}"
+        + (f", on/off in blocks of {paired_block} iterations" if paired_block else ""))
+    res, record = run_harvest(replace(cfg, paired_block=paired_block), mode, tasks, profiles, on_progress,
+                              bubble_profile=bubble_profile, side_device=side_device)
+    rep = res.report()
+    rep.update(harvest_report(base_rep, rep, record, mode, profiles, p_ref, p_main, budget_pct, paired_block or None))
+    return Comparison(base_rep, res, record, rep)

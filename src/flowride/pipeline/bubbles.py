@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PROFILE_SCHEMA = "flowride.bubble-profile/1"
-
 
 @dataclass
 class Gap:
@@ -54,13 +52,17 @@ def analyse(ranks: list[dict], warmup: int) -> dict:
     stats: dict[tuple[int, str], list[float]] = {}
     free: dict[int, list[int]] = {}
     iter_times: list[float] = []
+    iter_harvest: list[bool | None] = []
+    iter_windows: list[tuple[float, float]] = []
+    iter_idle: dict[int, float] = {}  # measured iteration -> idle seconds summed over stages
     all_gaps: list[Gap] = []
     for rr in sorted(ranks, key=lambda r: r["rank"]):
         its = rr["iterations"]
         measured = its[warmup:] if len(its) > warmup else its
         fracs = []
-        for it in measured:
+        for k, it in enumerate(measured):
             gaps, busy, total = iteration_gaps(rr, it)
+            iter_idle[k] = iter_idle.get(k, 0.0) + max(0.0, total - busy)
             all_gaps.extend(gaps)
             fracs.append(max(0.0, 1.0 - busy / total) if total > 0 else 0.0)
             for g in gaps:
@@ -68,6 +70,8 @@ def analyse(ranks: list[dict], warmup: int) -> dict:
             free.setdefault(rr["rank"], []).append(it["free_memory"])
             if rr["rank"] == 0:
                 iter_times.append(total)
+                iter_harvest.append(it.get("harvest"))
+                iter_windows.append((it["start"], it["end"]))
         per_stage.append(float(np.mean(fracs)) if fracs else 0.0)
     n_iters = max(1, len(iter_times))
     bubbles = []
@@ -88,6 +92,9 @@ def analyse(ranks: list[dict], warmup: int) -> dict:
         "bubble_fraction_measured": float(np.mean(per_stage)) if per_stage else 0.0,
         "iteration_time_s": float(np.median(iter_times)) if iter_times else 0.0,
         "iteration_times_s": iter_times,
+        "iteration_harvest": iter_harvest,  # per measured iteration: harvesting on/off (paired runs), else None
+        "iteration_windows": iter_windows,  # per measured iteration: [start, end] on the host's monotonic clock
+        "iteration_idle_s": [iter_idle[k] for k in sorted(iter_idle)],  # per measured iteration: idle summed over stages
         "bubbles": bubbles,
         "gaps": all_gaps,
     }

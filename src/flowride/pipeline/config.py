@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
+import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from flowride.errors import InputError
+
+ENGINES = ("builtin", "torch")
 
 
 @dataclass
@@ -30,6 +34,10 @@ class TrainConfig:
     save_params: bool = False
     warmup_iters: int = 2  # iterations left out of medians
     pin_cores: bool = False  # pin stage r to core r (mod cores); side tasks of stage r share it
+    engine: str = "builtin"  # builtin (our instruction lists) | torch (torch.distributed.pipelining)
+    min_bubble_s: float = 0.002  # waits predicted shorter than this are not announced
+    paired_block: int = 0  # > 0: harvesting alternates on/off in randomized blocks of this many iterations
+    paired_seed: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -48,12 +56,48 @@ class TrainConfig:
                 raise InputError(f"--{name.replace('_', '-')}", f"{v!r} is not a positive integer", "give 1 or more")
         if self.device not in ("auto", "cpu", "cuda"):
             raise InputError("--device", f"unknown device {self.device!r}", "use auto, cpu or cuda")
-        if not self.lr > 0:
-            raise InputError("--lr", f"{self.lr} is not positive", "give a learning rate above zero")
-        build_schedule(self.schedule, self.stages, self.microbatches, self.chunks)
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise InputError("--lr", f"{self.lr} is not a positive number", "give a learning rate above zero")
+        if not (isinstance(self.min_bubble_s, (int, float)) and math.isfinite(self.min_bubble_s) and self.min_bubble_s >= 0):
+            raise InputError("--min-bubble", f"{self.min_bubble_s!r} is not a length in seconds", "give 0 or more, e.g. 0.002")
+        if not isinstance(self.paired_block, int) or self.paired_block < 0:
+            raise InputError("--paired-block", f"{self.paired_block!r} is not a block length", "give 0 (off) or a positive number of iterations")
+        if self.paired_block and self.iters < self.warmup_iters + 4 * self.paired_block:
+            need = self.warmup_iters + 4 * self.paired_block
+            raise InputError("--iters", f"{self.iters} iterations hold fewer than 2 pairs of on/off blocks of {self.paired_block} "
+                             f"after {self.warmup_iters} warm-up iterations", f"give --iters {need} or more, or --paired-block 0")
+        if self.engine not in ENGINES:
+            raise InputError("--engine", f"unknown engine {self.engine!r}", f"use one of {', '.join(ENGINES)}")
+        if self.engine == "torch":
+            from flowride.pipeline.torch_compat import dry_schedule
+
+            dry_schedule(self.schedule, self.stages, self.microbatches, self.chunks)
+        else:
+            build_schedule(self.schedule, self.stages, self.microbatches, self.chunks)
         mcfg = preset(self.model)
         split_layers(mcfg, self.stages * self.chunks)
         if self.data:
             from flowride.pipeline.data import TokenSource
 
             TokenSource(mcfg.vocab_size, mcfg.seq_len, self.seed, self.data)  # readable, long enough
+
+
+def onoff_blocks(cfg: TrainConfig) -> list[bool] | None:
+    """Harvesting on (True) or off (False) in each iteration of a paired run, or None.
+
+    Warm-up iterations are on (the bubble lengths are being learned; they are left out of every
+    statistic). The rest is cut into blocks of ``paired_block`` iterations, taken in pairs; each
+    pair runs its on block and its off block in an order drawn from ``paired_seed``, so slow drift
+    of the machine cannot line up with either arm. Iterations that do not fill a pair stay on.
+    Every rank computes the same list from the config, so no rank has to tell another.
+    """
+    if not cfg.paired_block:
+        return None
+    rng = random.Random(cfg.paired_seed)
+    out = [True] * min(cfg.warmup_iters, cfg.iters)
+    pair = 2 * cfg.paired_block
+    while len(out) + pair <= cfg.iters:
+        first = rng.random() < 0.5
+        out += [first] * cfg.paired_block + [not first] * cfg.paired_block
+    out += [True] * (cfg.iters - len(out))
+    return out

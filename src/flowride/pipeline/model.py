@@ -33,6 +33,9 @@ PRESETS: dict[str, GPTConfig] = {
     "tiny": GPTConfig(vocab_size=256, seq_len=32, n_layer=4, n_head=2, d_model=64),
     "small": GPTConfig(vocab_size=512, seq_len=64, n_layer=8, n_head=4, d_model=192),
     "medium": GPTConfig(vocab_size=1024, seq_len=128, n_layer=12, n_head=8, d_model=384),
+    # Bubbles of 0.1-0.5 s per stage on a 2-core CPU at p=2, m=4 (FreeRide measured 0.22-1.04 s on
+    # GPUs), so a side task's 10-20 ms step is a realistic fit. Used by the harvest benchmarks.
+    "large": GPTConfig(vocab_size=1024, seq_len=256, n_layer=12, n_head=8, d_model=384),
 }
 
 

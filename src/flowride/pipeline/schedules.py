@@ -23,7 +23,9 @@ pure Python: no torch, no I/O, nothing printed.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from flowride.errors import InputError
 
@@ -34,6 +36,8 @@ SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbh1")
 _NEED_M_GE_P = frozenset({"1f1b", "interleaved", "zbh1"})
 # Relative tolerance for "is this gap empty": replayed times are sums of float costs.
 _EPS = 1e-9
+
+A = TypeVar("A", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -243,46 +247,52 @@ def _deps(ins: Instr, n_chunks: int) -> list[Instr]:
 
 
 class _Deadlock(Exception):
-    def __init__(self, stuck: list[tuple[int, Instr, list[Instr]]]) -> None:
+    def __init__(self, stuck: list[tuple[int, Hashable, list[Hashable]]]) -> None:
         self.stuck = stuck
         super().__init__(
             "; ".join(f"rank {r} waits at {i} for {', '.join(map(str, w))}" for r, i, w in stuck)
         )
 
 
-def _execute(
-    instrs: list[list[Instr]], p: int, v: int, cost: dict[str, float], comm: float
-) -> list[list[tuple[float, float, Instr]]]:
-    """Run every rank's list strictly in order, each instruction as early as its rank and its
-    dependencies allow (``comm`` added when a dependency ran on another rank).
+def simulate_lists(
+    lists: Sequence[Sequence[A]],
+    deps: Callable[[A], Iterable[A]],
+    cost: Callable[[A], float],
+    rank_of: Callable[[A], int],
+    comm: float = 0.0,
+) -> list[list[tuple[float, float, A]]]:
+    """Run every rank's action list strictly in order, each action as early as its rank and its
+    dependencies allow (``comm`` added when a dependency ran on another rank, by ``rank_of``).
 
+    This is the one dependency simulator for every schedule IR: ours (:class:`Instr`) and
+    torch.distributed.pipelining's action lists (see :mod:`flowride.pipeline.torch_plan`).
     Start times depend only on dependency end times, never on the order ranks are visited, so
     sweeping ranks until no one can move gives the unique as-soon-as-possible timing; a sweep in
-    which no rank moves while work remains is a deadlock.
+    which no rank moves while work remains is a deadlock (raises ``_Deadlock``).
     """
-    n_chunks = p * v
-    end: dict[Instr, float] = {}
+    p = len(lists)
+    end: dict[A, float] = {}
     pos = [0] * p
     free = [0.0] * p
-    timeline: list[list[tuple[float, float, Instr]]] = [[] for _ in range(p)]
-    remaining = sum(len(lst) for lst in instrs)
+    timeline: list[list[tuple[float, float, A]]] = [[] for _ in range(p)]
+    remaining = sum(len(lst) for lst in lists)
     while remaining:
         moved = False
         for r in range(p):
-            lst = instrs[r]
+            lst = lists[r]
             while pos[r] < len(lst):
-                ins = lst[pos[r]]
+                act = lst[pos[r]]
                 start = free[r]
-                for d in _deps(ins, n_chunks):
+                for d in deps(act):
                     t = end.get(d)
                     if t is None:
                         break
-                    start = max(start, t + (comm if d.chunk % p != r else 0.0))
+                    start = max(start, t + (comm if rank_of(d) != r else 0.0))
                 else:
-                    finish = start + cost[ins.kind]
-                    end[ins] = finish
+                    finish = start + cost(act)
+                    end[act] = finish
                     free[r] = finish
-                    timeline[r].append((start, finish, ins))
+                    timeline[r].append((start, finish, act))
                     pos[r] += 1
                     remaining -= 1
                     moved = True
@@ -290,16 +300,22 @@ def _execute(
                 break
         if not moved:
             stuck = [
-                (
-                    r,
-                    instrs[r][pos[r]],
-                    [d for d in _deps(instrs[r][pos[r]], n_chunks) if d not in end],
-                )
+                (r, lists[r][pos[r]], [d for d in deps(lists[r][pos[r]]) if d not in end])
                 for r in range(p)
-                if pos[r] < len(instrs[r])
+                if pos[r] < len(lists[r])
             ]
             raise _Deadlock(stuck)
     return timeline
+
+
+def _execute(
+    instrs: list[list[Instr]], p: int, v: int, cost: dict[str, float], comm: float
+) -> list[list[tuple[float, float, Instr]]]:
+    """:func:`simulate_lists` for our instruction lists: chunk ``j`` runs on rank ``j % p``."""
+    n_chunks = p * v
+    return simulate_lists(
+        instrs, lambda ins: _deps(ins, n_chunks), lambda ins: cost[ins.kind], lambda ins: ins.chunk % p, comm
+    )
 
 
 def check_schedule(instrs: list[list[Instr]], p: int, m: int, v: int, has_w: bool) -> None:
@@ -405,15 +421,20 @@ def theoretical_bubble_fraction(name: str, p: int, m: int, v: int = 1) -> float:
 # Bubble typing
 
 
-def gap_types(rank_instrs: list[Instr]) -> list[str]:
+BACKWARD_KINDS = frozenset({"B", "I"})
+"""Kinds that carry a gradient back to the previous stage: our ``B``, and torch's full ``B`` and
+input-gradient ``I``. The first of them on a rank ends its warm-up (the ``B`` bubble)."""
+
+
+def gap_types(rank_instrs: Sequence[Instr]) -> list[str]:
     """Type of each of the ``len(rank_instrs) + 1`` gaps of one rank's list.
 
     Gap ``i`` lies just before instruction ``i``; the last one after the last instruction.
 
     - ``"A"`` before the first instruction: later stages wait for the first activations to
       travel down the pipeline (the fill).
-    - ``"B"`` just before the rank's first B: between the warm-up forwards and the first gradient,
-      which has to come back up from the last stage.
+    - ``"B"`` just before the rank's first backward (our B; torch's B or I): between the warm-up
+      forwards and the first gradient, which has to come back up from the last stage.
     - ``"D"`` between two instructions after the rank's last F: the drain, where the rank only
       waits for gradients of the last micro-batches (or fills the wait with W passes).
     - ``"C"`` after the last instruction, until the iteration ends on the slowest rank.
@@ -424,7 +445,7 @@ def gap_types(rank_instrs: list[Instr]) -> list[str]:
     and the replay (:func:`bubbles`) or a profile supplies its length. Precedence: A, C, B, D, S.
     """
     n = len(rank_instrs)
-    first_b = next((i for i, ins in enumerate(rank_instrs) if ins.kind == "B"), None)
+    first_b = next((i for i, ins in enumerate(rank_instrs) if ins.kind in BACKWARD_KINDS), None)
     last_f = max((i for i, ins in enumerate(rank_instrs) if ins.kind == "F"), default=-1)
     types = []
     for i in range(n + 1):

@@ -12,10 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from flowride.errors import InputError
-from flowride.pipeline.bubbles import PROFILE_SCHEMA, Gap, analyse, iteration_gaps
+from flowride.pipeline.bubbles import Gap, analyse, iteration_gaps
 from flowride.pipeline.config import TrainConfig
 from flowride.pipeline.launch import launch
+from flowride.pipeline.reporter import PROFILE_SCHEMA
 from flowride.pipeline.schedules import theoretical_bubble_fraction
 
 
@@ -35,6 +38,7 @@ class TrainResult:
         losses = [it["loss"] for it in last["iterations"]]
         a = self.analysis
         return {
+            "engine": cfg.engine,
             "schedule": cfg.schedule,
             "stages": cfg.stages,
             "microbatches": cfg.microbatches,
@@ -47,14 +51,38 @@ class TrainResult:
             "losses": losses,
             "bubble_fraction_measured": a["bubble_fraction_measured"],
             "bubble_fraction_per_stage": a["bubble_fraction_per_stage"],
-            "bubble_fraction_theory": theoretical_bubble_fraction(cfg.schedule, cfg.stages, cfg.microbatches, cfg.chunks),
+            "bubble_fraction_theory": self.theory(),
             "bubbles": a["bubbles"],
             "bubble_seconds_total": self.bubble_seconds(),
             # the training's span on this host's monotonic clock (to tell side work done during it)
             "window_monotonic": [min(r["iterations"][0]["start"] for r in self.ranks),
                                  max(r["iterations"][-1]["end"] for r in self.ranks)],
             "events": {f"stage{r['rank']}": r["published"] for r in self.ranks},
+            "bubble_prediction_error": self.prediction_error(),
+            "iteration_harvest": a["iteration_harvest"],
+            "iteration_windows": a["iteration_windows"],
+            "iteration_idle_s": a["iteration_idle_s"],
         }
+
+    def theory(self) -> float:
+        """The schedule's bubble fraction with unit costs (F = 1, full B = 2)."""
+        cfg = self.config
+        if cfg.engine == "builtin":
+            return theoretical_bubble_fraction(cfg.schedule, cfg.stages, cfg.microbatches, cfg.chunks)
+        from flowride.pipeline.torch_compat import dry_schedule
+        from flowride.pipeline.torch_plan import UNIT_COST, plan
+
+        plans = plan(dry_schedule(cfg.schedule, cfg.stages, cfg.microbatches, cfg.chunks), iterations=1)
+        busy = {r: sum(UNIT_COST[a.kind] for a in rp.actions) for r, rp in plans.items()}
+        span = max(busy[r] + sum(rp.implied) for r, rp in plans.items())
+        return float(np.mean([1.0 - busy[r] / span for r in plans])) if span > 0 else 0.0
+
+    def prediction_error(self) -> float | None:
+        """Median |predicted - measured| / measured over every announced bubble of the run."""
+        errs = [abs(w["predicted_s"] - (w["end"] - w["start"])) / (w["end"] - w["start"])
+                for r in self.ranks for w in r.get("waits", [])
+                if w["announced"] and w["predicted_s"] is not None and w["end"] > w["start"]]
+        return float(np.median(errs)) if errs else None
 
     def bubble_seconds(self) -> float:
         """Idle seconds summed over stages and every iteration of the run."""
@@ -66,11 +94,14 @@ class TrainResult:
         return total
 
     def profile(self) -> dict:
+        """A bubble profile: each stage's learned wait lengths (what a later run of the same
+        configuration starts its predictions from) and, for people, the per-type summary."""
         cfg = self.config
         return {
             "schema": PROFILE_SCHEMA,
-            "schedule": cfg.schedule, "stages": cfg.stages, "microbatches": cfg.microbatches,
+            "engine": cfg.engine, "schedule": cfg.schedule, "stages": cfg.stages, "microbatches": cfg.microbatches,
             "chunks": cfg.chunks, "model": cfg.model, "device": self.ranks[0]["device"],
+            "lengths": [{"stage": r["rank"], "lengths": r.get("lengths", {})} for r in sorted(self.ranks, key=lambda r: r["rank"])],
             "bubbles": [b for b in self.analysis["bubbles"] if b["type"] != "S"],
         }
 
@@ -85,8 +116,9 @@ def check_profile(cfg: TrainConfig) -> None:
     except (OSError, json.JSONDecodeError) as e:
         raise InputError("--bubble-profile", f"cannot read {p}: {e}", "make one with flowride profile-bubbles") from None
     if prof.get("schema") != PROFILE_SCHEMA:
-        raise InputError("--bubble-profile", f"{p} is not a bubble profile", "make one with flowride profile-bubbles")
-    for key in ("schedule", "stages", "microbatches", "chunks"):
+        raise InputError("--bubble-profile", f"{p} is not a bubble profile of this flowride ({PROFILE_SCHEMA})",
+                         "make one with flowride profile-bubbles")
+    for key in ("engine", "schedule", "stages", "microbatches", "chunks"):
         if prof.get(key) != getattr(cfg, key):
             raise InputError("--bubble-profile", f"profiled with {key}={prof.get(key)}, run has {getattr(cfg, key)}", "profile this configuration")
 

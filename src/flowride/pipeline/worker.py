@@ -2,10 +2,13 @@
 
 Started the torchrun way (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment), so
 ``flowride train`` can spawn local ranks and ``torchrun -m flowride.pipeline.worker cfg.json``
-runs the same code across machines. Activations and gradients move point to point (isend /
-recv, gloo on CPU, nccl on CUDA). Every instruction's start, compute start (after its receive)
-and end are recorded with a monotonic clock; at the start of every bubble the schedule implies,
-a bubble event goes out without blocking (see :mod:`flowride.pipeline.events`).
+runs the same code across machines. Two engines run a rank's stages: the built-in one
+(:class:`StageRunner`: our instruction lists, point-to-point isend / recv, gloo on CPU, nccl on
+CUDA) and torch.distributed.pipelining (:class:`flowride.pipeline.torch_engine.TorchStageRunner`).
+Both record every compute action's start, compute start (after its receive) and end on a
+monotonic clock, and both tell a :class:`flowride.pipeline.reporter.BubbleReporter` when the
+stage waits and when it computes again; the reporter learns each wait's length online and
+announces the bubbles without blocking (see :mod:`flowride.pipeline.events`).
 """
 
 from __future__ import annotations
@@ -20,13 +23,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from flowride.pipeline.config import TrainConfig
+from flowride.pipeline.config import TrainConfig, onoff_blocks
 from flowride.pipeline.data import TokenSource
-from flowride.pipeline.events import BubbleEvent, BubblePublisher, free_memory_bytes
+from flowride.pipeline.events import BubblePublisher
 from flowride.pipeline.model import build_pieces, loss_fn, preset
+from flowride.pipeline.reporter import BubbleReporter
 from flowride.pipeline.schedules import build_schedule, gap_types
-
-PUBLISHED_TYPES = ("A", "B", "C", "D")
 
 
 def _device(cfg: TrainConfig) -> torch.device:
@@ -35,20 +37,24 @@ def _device(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def _load_predictions(cfg: TrainConfig, rank: int) -> dict[str, float]:
-    """Median bubble length per type for this stage, from the profile (empty without one)."""
+def _saved_lengths(cfg: TrainConfig, rank: int) -> dict[str, float]:
+    """This stage's learned wait lengths from a saved bubble profile (empty without one)."""
     if not cfg.profile:
         return {}
     prof = json.loads(Path(cfg.profile).read_text())
-    return {b["type"]: float(b["median_s"]) for b in prof.get("bubbles", []) if b["stage"] == rank}
+    for st in prof.get("lengths", []):
+        if st["stage"] == rank:
+            return {k: float(v) for k, v in st["lengths"].items()}
+    return {}
 
 
 class StageRunner:
     """Holds this rank's model pieces, optimizer and schedule; ``iteration`` runs one step."""
 
-    def __init__(self, cfg: TrainConfig, rank: int, world: int) -> None:
+    def __init__(self, cfg: TrainConfig, rank: int, world: int, dev: torch.device, reporter: BubbleReporter) -> None:
         self.cfg, self.rank, self.world = cfg, rank, world
-        self.dev = _device(cfg)
+        self.dev = dev
+        self.reporter = reporter
         self.mcfg = preset(cfg.model)
         self.P = cfg.stages * cfg.chunks
         self.mine = [j for j in range(self.P) if j % cfg.stages == rank]
@@ -59,8 +65,6 @@ class StageRunner:
         self.has_w = any(i.kind == "W" for i in self.instrs)
         self.gaps = gap_types(self.instrs)
         self.data = TokenSource(self.mcfg.vocab_size, self.mcfg.seq_len, cfg.seed, cfg.data)
-        self.pub = BubblePublisher(cfg.bubble_port)
-        self.pred = _load_predictions(cfg, rank)
         self.act_shape = (cfg.microbatch_size, self.mcfg.seq_len, self.mcfg.d_model)
         self.local: dict[tuple, torch.Tensor] = {}  # same-rank hand-over (one stage)
 
@@ -87,8 +91,12 @@ class StageRunner:
     def make_batch(self, it: int) -> torch.Tensor:
         return self.data.batch(it, self.cfg.microbatches, self.cfg.microbatch_size).to(self.dev)
 
-    def iteration(self, it: int, batch: torch.Tensor, free_mem: int) -> tuple[float | None, list[dict]]:
+    def state_dicts(self) -> dict[int, dict]:
+        return {j: self.pieces[j].state_dict() for j in self.mine}
+
+    def iteration(self, it: int, batch: torch.Tensor) -> tuple[float | None, list[dict]]:
         cfg = self.cfg
+        rep = self.reporter
         m = cfg.microbatches
         inputs: dict[tuple[int, int], torch.Tensor] = {}
         outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -96,10 +104,9 @@ class StageRunner:
         pending: list = []
         loss_sum = 0.0
         recs: list[dict] = []
-        t_prev = time.monotonic()
         for i, ins in enumerate(self.instrs):
-            self._announce(i, t_prev, it, free_mem)
             t0 = time.monotonic()
+            rep.idle(i, self.gaps[i])  # gap i: from here until the input arrives
             mb, j = ins.mb, ins.chunk
             if ins.kind == "F":
                 if j == 0:
@@ -107,6 +114,7 @@ class StageRunner:
                 else:
                     x = self._recv(0, mb, j, j - 1).requires_grad_(True)
                 tc = time.monotonic()
+                rep.busy(tc)
                 y = self.pieces[j](x)
                 if j == self.P - 1:
                     y = loss_fn(y, batch[mb, :, 1:]) / m
@@ -117,6 +125,7 @@ class StageRunner:
             elif ins.kind == "B":
                 g = None if j == self.P - 1 else self._recv(1, mb, j, j + 1)
                 tc = time.monotonic()
+                rep.busy(tc)
                 x, y = inputs[(mb, j)], outputs[(mb, j)]
                 if self.has_w:  # input gradient now, weight gradient in W
                     if j > 0:
@@ -130,13 +139,12 @@ class StageRunner:
                     del inputs[(mb, j)], outputs[(mb, j)]
             else:  # W
                 tc = time.monotonic()
+                rep.busy(tc)
                 y = outputs.pop((mb, j))
                 torch.autograd.backward(y, grads.pop((mb, j)), inputs=list(self.pieces[j].parameters()))
                 inputs.pop((mb, j))
             t1 = time.monotonic()
-            self._resume(i, it, free_mem)
             recs.append({"kind": ins.kind, "mb": mb, "chunk": j, "start": t0, "compute": tc, "end": t1})
-            t_prev = t1
         for w in pending:
             w.wait()
         t0 = time.monotonic()
@@ -144,19 +152,15 @@ class StageRunner:
         self.opt.zero_grad(set_to_none=True)
         t1 = time.monotonic()
         recs.append({"kind": "O", "mb": -1, "chunk": -1, "start": t0, "compute": t0, "end": t1})
-        self._announce(len(self.instrs), t1, it, free_mem)  # the C bubble starts after the optimizer
         return (loss_sum if self.P - 1 in self.mine else None), recs
 
-    def _announce(self, gap: int, start: float, it: int, free_mem: int) -> None:
-        typ = self.gaps[gap]
-        if typ in PUBLISHED_TYPES:
-            pred = self.pred.get(typ)
-            self.pub.publish(BubbleEvent("bubble", self.rank, typ, start, None if pred is None else start + pred, free_mem, it))
 
-    def _resume(self, i: int, it: int, free_mem: int) -> None:
-        typ = self.gaps[i]
-        if typ in PUBLISHED_TYPES:
-            self.pub.publish(BubbleEvent("busy", self.rank, typ, time.monotonic(), None, free_mem, it))
+def _runner(cfg: TrainConfig, rank: int, world: int, dev: torch.device, reporter: BubbleReporter):
+    if cfg.engine == "torch":
+        from flowride.pipeline.torch_engine import TorchStageRunner
+
+        return TorchStageRunner(cfg, rank, world, dev, reporter)
+    return StageRunner(cfg, rank, world, dev, reporter)
 
 
 def run_rank(cfg: TrainConfig) -> None:
@@ -167,13 +171,18 @@ def run_rank(cfg: TrainConfig) -> None:
     if cfg.pin_cores:
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
-    runner = StageRunner(cfg, rank, world)
-    backend = "nccl" if runner.dev.type == "cuda" else "gloo"
-    if runner.dev.type == "cuda":
-        torch.cuda.set_device(runner.dev)
+    dev = _device(cfg)
+    saved = _saved_lengths(cfg, rank)
+    reporter = BubbleReporter(rank, BubblePublisher(cfg.bubble_port), min_bubble_s=cfg.min_bubble_s,
+                              warmup_iters=0 if saved else 1, profile=saved, device=dev.type)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
+    runner = _runner(cfg, rank, world, dev, reporter)
     run_dir = Path(cfg.run_dir)
     progress = run_dir / "progress.jsonl"
+    blocks = onoff_blocks(cfg)  # None, or harvesting on/off per iteration (paired overhead runs)
     iters = []
     try:
         fault = os.environ.get("FLOWRIDE_INJECT_FAULT", "")  # "crash:ITER" / "hang:ITER", for failure tests
@@ -182,36 +191,49 @@ def run_rank(cfg: TrainConfig) -> None:
                 if fault.startswith("crash"):
                     raise RuntimeError(f"injected crash on rank {rank} at iteration {it}")
                 time.sleep(10**6)
-            # data and the memory reading are ready before the iteration's clock starts
+            # data, the memory reading and the harvest switch are ready before the iteration's clock starts
             batch = runner.make_batch(it)
-            free_mem = free_memory_bytes(runner.dev.type)
+            if blocks is not None and (it == 0 or blocks[it] != blocks[it - 1]):
+                reporter.enabled = blocks[it]
+                if rank == 0:
+                    reporter.control("on" if blocks[it] else "off")
             dist.barrier()
             t_start = time.monotonic()
-            loss, recs = runner.iteration(it, batch, free_mem)
-            iters.append({"iteration": it, "start": t_start, "loss": loss, "records": recs, "free_memory": free_mem})
+            reporter.begin_iteration(it)  # closes the wait at the barrier
+            loss, recs = runner.iteration(it, batch)
+            reporter.idle("end", "C")  # until every stage is done: the next barrier's exit
+            iters.append({"iteration": it, "start": t_start, "loss": loss, "records": recs,
+                          "free_memory": reporter.free_memory, "harvest": None if blocks is None else blocks[it]})
             if loss is not None:
                 with open(progress, "a") as f:
                     f.write(json.dumps({"iteration": it, "loss": loss, "seconds": time.monotonic() - t_start}) + "\n")
         dist.barrier()
         t_last = time.monotonic()
+        reporter.busy(t_last)
     finally:
-        runner.pub.close()
+        reporter.close()
     # the iteration ends when every stage is done: the next iteration's barrier exit
     for k, rec in enumerate(iters):
         rec["end"] = iters[k + 1]["start"] if k + 1 < len(iters) else t_last
-    peak = torch.cuda.max_memory_allocated() if runner.dev.type == "cuda" else None
+    peak = torch.cuda.max_memory_allocated() if dev.type == "cuda" else None
     out = {
         "rank": rank,
-        "device": str(runner.dev),
+        "engine": cfg.engine,
+        "device": str(dev),
         "chunks": runner.mine,
         "gap_types": runner.gaps,
         "iterations": iters,
-        "published": {"sent": runner.pub.sent, "dropped": runner.pub.dropped, "seconds": runner.pub.seconds},
+        "published": reporter.summary()["events"],
+        "reporter": reporter.summary(),
+        "waits": reporter.records(),
+        "lengths": reporter.profile(),
         "peak_cuda_bytes": peak,
     }
+    if cfg.engine == "torch":
+        out["plan_mismatches"] = runner.observer.plan_mismatches
     (run_dir / f"rank{rank}.json").write_text(json.dumps(out))
     if cfg.save_params:
-        torch.save({j: runner.pieces[j].state_dict() for j in runner.mine}, run_dir / f"rank{rank}.pt")
+        torch.save(runner.state_dicts(), run_dir / f"rank{rank}.pt")
     dist.destroy_process_group()
 
 

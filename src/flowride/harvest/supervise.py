@@ -1,0 +1,231 @@
+"""A supervised side-task manager: started, watched, restarted, stopped, by run directory.
+
+The manager is its own process, so nothing it does can touch training; but if it dies, bubbles
+go unharvested. :class:`ManagerProcess` watches it from the training launcher (a thread polling
+every 0.2 s): a manager that exits while it should be running is restarted on the same UDP port
+(the trainers' bubble events keep their address), and the new manager resumes every unfinished
+task from the durable store. After ``max_restarts`` restarts, or a restart that fails, it gives
+up and says why; training goes on either way, its events simply go unheard.
+
+Everything needed to start an identical manager is kept in the run directory (``manager.json``,
+``task-profiles.json``), so ``flowride manager status|restart|stop --run-dir D`` works from any
+shell while training runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from flowride.files import write_json_atomic
+from flowride.harvest.limits import set_parent_death_signal
+from flowride.harvest.manager import ManagerOptions
+
+OPTIONS_FILE = "manager.json"
+PROFILES_FILE = "task-profiles.json"
+
+
+class ManagerUnavailable(RuntimeError):
+    """The manager could not be started (its log's last lines say why)."""
+
+
+def _idle_priority_and_tie_to_parent() -> None:
+    """The manager only works while a stage idles: on CPU it runs at idle priority, so it can
+    never take a core from training. It also dies (SIGTERM: it saves and exits) with whoever
+    started it, so a killed launcher leaves no manager behind."""
+    set_parent_death_signal(signal.SIGTERM)
+    os.nice(19)
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+
+
+def _idle_priority_detached() -> None:
+    os.nice(19)
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        pass
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.split(")")[1].split()[0] not in ("Z", "X")
+
+
+class ManagerProcess:
+    """One run directory's manager: ``start``, ``watch`` (restart on death), ``stop``."""
+
+    def __init__(self, run_dir: str | Path, opts: ManagerOptions, profiles: dict[str, dict] | None = None,
+                 max_restarts: int = 3, poll_s: float = 0.2, start_timeout_s: float = 60.0, detached: bool = False) -> None:
+        self.run_dir = Path(run_dir)
+        self.opts = opts
+        self.profiles = profiles or {}
+        self.max_restarts = max_restarts
+        self.poll_s = poll_s
+        self.start_timeout_s = start_timeout_s
+        self.detached = detached  # survives the caller (flowride manager restart)
+        self.proc: subprocess.Popen | None = None
+        self.port: int | None = None
+        self.restarts = 0
+        self.gave_up: str | None = None
+        self.history: list[dict] = []
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    @classmethod
+    def from_run_dir(cls, run_dir: str | Path, **kw) -> ManagerProcess:
+        """An identical manager to the one last started in ``run_dir`` (same options and port)."""
+        d = Path(run_dir)
+        opts = ManagerOptions(**json.loads((d / OPTIONS_FILE).read_text()))
+        prof_f = d / PROFILES_FILE
+        profiles = json.loads(prof_f.read_text()) if prof_f.exists() else {}
+        return cls(d, opts, profiles, **kw)
+
+    # ------------------------------------------------------------------ start / stop
+    def start(self) -> int:
+        """Start the manager and wait until it listens; returns its UDP port."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ready = self.run_dir / "manager.ready"
+        ready.unlink(missing_ok=True)
+        write_json_atomic(self.run_dir / OPTIONS_FILE, asdict(self.opts), indent=1)
+        write_json_atomic(self.run_dir / PROFILES_FILE, self.profiles, indent=1)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+        with open(self.run_dir / "manager.log", "a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "flowride.harvest.manager", "--run-dir", str(self.run_dir),
+                 "--options", str(self.run_dir / OPTIONS_FILE), "--profiles", str(self.run_dir / PROFILES_FILE)],
+                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                preexec_fn=_idle_priority_detached if self.detached else _idle_priority_and_tie_to_parent,
+            )
+        t0 = time.monotonic()
+        while not ready.exists():
+            if self.proc.poll() is not None:
+                raise ManagerUnavailable(f"the side-task manager exited: {self.log_tail()}")
+            if time.monotonic() - t0 > self.start_timeout_s:
+                self.proc.kill()
+                self.proc.wait()
+                raise ManagerUnavailable(f"the side-task manager did not start within {self.start_timeout_s:.0f} s")
+            time.sleep(0.02)
+        self.port = int(json.loads(ready.read_text()))
+        if self.opts.port != self.port:  # restarts reuse the port the trainers already send to
+            self.opts = replace(self.opts, port=self.port)
+            write_json_atomic(self.run_dir / OPTIONS_FILE, asdict(self.opts), indent=1)
+        return self.port
+
+    def log_tail(self, n: int = 600) -> str:
+        f = self.run_dir / "manager.log"
+        return f.read_text(errors="replace")[-n:] if f.exists() else ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 90.0) -> dict:
+        """Stop watching, ask the manager to save and exit, and return its record."""
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        f = self.run_dir / "harvest.json"
+        record = json.loads(f.read_text()) if f.exists() else {"steps": [], "failures": [], "tasks": []}
+        if not f.exists() or (self.proc is not None and self.proc.returncode not in (0, None)):
+            from flowride.harvest.manager import read_steps
+
+            record["steps"] = read_steps(self.run_dir)  # a dead manager wrote no record: keep its steps
+        record["manager_restarts"] = self.restarts
+        record["harvest_stopped"] = self.gave_up
+        record["manager_history"] = self.history
+        return record
+
+    # ------------------------------------------------------------------ supervision
+    def watch(self) -> None:
+        """Restart the manager whenever it dies, from a background thread, until :meth:`stop`."""
+        self._watcher = threading.Thread(target=self._watch_loop, name="flowride-manager-watch", daemon=True)
+        self._watcher.start()
+
+    def check(self) -> None:
+        """One supervision step: restart a dead manager (or give up after too many restarts)."""
+        if self._stopping.is_set() or self.gave_up or self.proc is None or self.proc.poll() is None:
+            return
+        code = self.proc.returncode
+        died = time.monotonic()
+        if self.restarts >= self.max_restarts:
+            self.gave_up = f"the manager died {self.restarts + 1} times (last exit code {code}); harvesting stopped"
+            self.history.append({"exit_code": code, "restarted": False})
+            return
+        self.restarts += 1
+        try:
+            self.start()
+        except (ManagerUnavailable, OSError) as e:
+            self.gave_up = f"restart {self.restarts} failed: {e}; harvesting stopped"
+            self.history.append({"exit_code": code, "restarted": False})
+            return
+        self.history.append({"exit_code": code, "restarted": True, "restart_s": time.monotonic() - died})
+
+    def _watch_loop(self) -> None:
+        while not self._stopping.wait(self.poll_s):
+            self.check()
+
+
+def manager_status(run_dir: str | Path) -> dict:
+    """What a run directory's manager is doing: alive or not, its port, its tasks."""
+    from flowride.harvest.store import TaskStore
+
+    d = Path(run_dir)
+    pid_f, ready = d / "manager.pid", d / "manager.ready"
+    pid = int(json.loads(pid_f.read_text())) if pid_f.exists() else None
+    out = {
+        "run_dir": str(d),
+        "pid": pid,
+        "alive": bool(pid and pid_alive(pid)),
+        "port": int(json.loads(ready.read_text())) if ready.exists() else None,
+        "options": json.loads((d / OPTIONS_FILE).read_text()) if (d / OPTIONS_FILE).exists() else None,
+    }
+    if (d / "tasks.sqlite").exists():
+        store = TaskStore.in_run_dir(d)
+        try:
+            out["tasks"] = [{"id": t.id, "name": t.name, "state": str(t.state), "steps": t.steps, "units": t.units,
+                             "restarts": t.restarts} for t in store.list()]
+        finally:
+            store.close()
+    return out
+
+
+def stop_running(run_dir: str | Path, timeout: float = 60.0) -> bool:
+    """Ask the manager of ``run_dir`` (found by its pid file) to save and exit; True if one ran."""
+    st = manager_status(run_dir)
+    if not st["alive"]:
+        return False
+    os.kill(st["pid"], signal.SIGTERM)
+    t0 = time.monotonic()
+    while pid_alive(st["pid"]) and time.monotonic() - t0 < timeout:
+        time.sleep(0.05)
+    if pid_alive(st["pid"]):
+        os.kill(st["pid"], signal.SIGKILL)
+    return True
+
+
+def restart(run_dir: str | Path) -> int:
+    """Stop the run directory's manager if it runs, and start an identical one (same options,
+    same port) that outlives this call. Returns its port."""
+    stop_running(run_dir)
+    mp = ManagerProcess.from_run_dir(run_dir, detached=True)
+    return mp.start()

@@ -1,0 +1,111 @@
+"""Watch a torch.distributed.pipelining schedule run and report its bubbles, without changing it.
+
+:func:`observe` wraps, on this rank's stage *instances* only, the three compute methods
+(``forward_one_chunk``, ``backward_one_chunk``, ``backward_weight_one_chunk``) and the
+schedule's ``step``. A wrapper reads the clock, tells the :class:`BubbleReporter` that the stage
+computes again (entering a compute method: the receive it waited for is done) or waits again
+(leaving one), and calls the original with the same arguments: the numerics are torch's own,
+so losses are bit-identical with and without it.
+
+Gap ``i`` of an iteration is the wait before the rank's compute action ``i`` (gap 0 starts when
+``step()`` is entered, the last gap ends when it returns); its type comes from the plan that the
+schedule's own action list implies (:mod:`flowride.pipeline.torch_plan`). Its length is learned
+online by the reporter from earlier iterations.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+from flowride.pipeline import torch_compat as tc
+from flowride.pipeline.reporter import BubbleReporter
+from flowride.pipeline.torch_plan import RankPlan, plan
+
+
+class TorchObserver:
+    """The wrappers on one rank's schedule; :meth:`detach` puts the originals back."""
+
+    def __init__(self, schedule: Any, reporter: BubbleReporter, steady: bool = True) -> None:
+        tc.check()
+        self.schedule = schedule
+        self.reporter = reporter
+        self.rank = tc.group_rank(schedule)
+        full = plan(schedule, iterations=2 if steady else 1)
+        self.plan: RankPlan | None = None if full is None else full.get(self.rank)
+        self.observed: list[tc.Act] = []  # this iteration's compute actions, in order
+        self.first_order: list[tc.Act] | None = None  # the first iteration's, for plan checks
+        self.plan_mismatches = 0
+        self.records: list[dict] = []  # this iteration's compute records (start == compute: the wait is a gap)
+        self._saved: list[tuple[Any, str, Any]] = []
+        for stage in tc.local_stages(schedule):
+            for name in tc.STAGE_METHODS:
+                self._wrap(stage, name, self._compute_wrapper(getattr(stage, name), name, int(stage.stage_index)))
+        self._wrap(schedule, "step", self._step_wrapper(schedule.step))
+
+    # ------------------------------------------------------------------ wrapping
+    def _wrap(self, obj: Any, name: str, fn: Any) -> None:
+        had_own = name in vars(obj)
+        self._saved.append((obj, name, vars(obj)[name] if had_own else None))
+        setattr(obj, name, fn)
+
+    def detach(self) -> None:
+        for obj, name, own in reversed(self._saved):
+            if own is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, own)
+        self._saved.clear()
+
+    def _type(self, gap: int) -> str:
+        if self.plan is None or gap >= len(self.plan.types):
+            return "S" if gap > 0 else "A"
+        if gap == len(self.plan.types) - 1 and len(self.observed) != len(self.plan.actions):
+            return "S"  # the run went past the plan: keep typing honest
+        return self.plan.types[gap]
+
+    def _compute_wrapper(self, orig: Any, method: str, stage_index: int) -> Any:
+        @functools.wraps(orig)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.monotonic()
+            self.reporter.busy(t0)
+            act = tc.action_of_call(method, args, kwargs, stage_index)
+            pos = len(self.observed)
+            if self.plan is not None and (pos >= len(self.plan.actions) or self.plan.actions[pos] != act):
+                self.plan_mismatches += 1
+            self.observed.append(act)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                t1 = time.monotonic()
+                self.records.append({"kind": act.kind, "mb": act.mb, "chunk": act.stage, "start": t0, "compute": t0, "end": t1})
+                self.reporter.idle(pos + 1, self._type(pos + 1))
+
+        return wrapper
+
+    def _step_wrapper(self, orig: Any) -> Any:
+        @functools.wraps(orig)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            self.observed = []
+            self.records = []
+            self.reporter.begin_iteration()
+            self.reporter.idle(0, "A")
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                self.reporter.end_iteration()
+                if self.first_order is None:
+                    self.first_order = list(self.observed)
+
+        return step
+
+    def gap_types(self) -> list[str]:
+        """Types of this rank's gaps (one more than its compute actions)."""
+        n = len(self.first_order if self.first_order is not None else (self.plan.actions if self.plan else []))
+        return [self._type(i) for i in range(n + 1)]
+
+
+def observe(schedule: Any, reporter: BubbleReporter, steady: bool = True) -> TorchObserver:
+    """Start reporting ``schedule``'s bubbles on this rank through ``reporter``."""
+    return TorchObserver(schedule, reporter, steady)
