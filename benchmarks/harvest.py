@@ -1,9 +1,14 @@
-"""Harvesting bubbles on this machine: overhead, harvest efficiency and savings per mode.
+"""Harvesting bubbles on this machine, both engines: paired overhead with its 95% CI, harvest
+efficiency, bubble prediction error and savings, per mode and task set.
 
-p=2, 1F1B, m in {4, 8}; each built-in task and a mix; modes none / freeride / naive / priority,
-each repeated (default 5), every repeat against its own fresh `none` run. Prints medians.
+Each harvesting run switches harvesting on and off in randomized blocks of iterations
+(``--block``), so both arms share the machine's drift; the overhead is the median over pairs of
+blocks with a bootstrap CI (flowride.harvest.stats). ``none`` is the same paired run with no side
+tasks at all: an A/A test whose interval is the noise floor. Each engine also trains once alone
+(the separate-runs overhead and the losses check). CPU only.
 
-    python benchmarks/harvest.py [--repeats 5] [--microbatches 4,8] [--markdown]
+    python benchmarks/harvest.py [--engines builtin,torch] [--model large] [--pairs 10] [--block 2]
+        [--tasks mix,pagerank,cnn,image] [--modes none,freeride,naive,priority] [--markdown]
 """
 
 from __future__ import annotations
@@ -11,14 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from flowride.harvest.session import harvest_report, profiles_for, run_harvest
+from flowride.harvest.session import DEFAULT_BUDGET_PCT, compare, profiles_for
 from flowride.pipeline.config import TrainConfig
 from flowride.pipeline.trainer import train
 
@@ -27,55 +32,69 @@ TASKSETS = {"pagerank": ["pagerank"], "cnn": ["cnn"], "image": ["image"], "mix":
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--microbatches", default="4,8")
-    ap.add_argument("--tasks", default="pagerank,cnn,image,mix")
-    ap.add_argument("--modes", default="freeride,naive,priority")
-    ap.add_argument("--model", default="small")
-    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--engines", default="builtin,torch")
+    ap.add_argument("--model", default="large")
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--pairs", type=int, default=10, help="pairs of on/off blocks per run")
+    ap.add_argument("--block", type=int, default=2, help="iterations per block")
+    ap.add_argument("--tasks", default="mix,pagerank,cnn,image", help="task sets for freeride (naive and priority use the first)")
+    ap.add_argument("--modes", default="none,freeride,naive,priority")
+    ap.add_argument("--json", help="also write every row to this JSON file")
     ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
-    modes = a.modes.split(",")
-    tasksets = {k: TASKSETS[k] for k in a.tasks.split(",")}
-    rows: dict[tuple, list[dict]] = {}
-    nones: dict[int, list[float]] = {}
+    warm = 2
+    iters = warm + 2 * a.block * a.pairs
+    tasksets = [t for t in a.tasks.split(",") if t]
+    rows = []
+    t_start = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         tmpd = Path(tmp)
-        profiles = profiles_for(sorted({t for ts in tasksets.values() for t in ts}), tmpd / "profiles.json")
-        for m in (int(x) for x in a.microbatches.split(",")):
-            cfg = TrainConfig(schedule="1f1b", stages=2, microbatches=m, model=a.model, iters=a.iters, pin_cores=True)
-            for r in range(a.repeats):
-                base = train(replace(cfg, run_dir=str(tmpd / f"none-{m}-{r}")))
-                nones.setdefault(m, []).append(base.report()["iteration_time_s"])
-                print(m, "none", r, f"iteration {base.report()['iteration_time_s'] * 1e3:.1f} ms", flush=True)
-                prof = tmpd / f"bubbles-{m}-{r}.json"
-                prof.write_text(json.dumps(base.profile()))
-                order = modes[r % len(modes):] + modes[: r % len(modes)]  # rotate against drift
-                for name, tasks in tasksets.items():
-                    for mode in order:
-                        cfg_h = replace(cfg, run_dir=str(tmpd / f"{mode}-{name}-{m}-{r}"))
-                        res, rec = run_harvest(cfg_h, mode, tasks, profiles, bubble_profile=str(prof))
-                        h = harvest_report(base.report(), res.report(), rec, mode, profiles)
-                        rows.setdefault((m, name, mode), []).append(h)
-                        print(m, name, mode, r, f"overhead {h['overhead_pct']:+.2f}%", f"eff {h['harvest_efficiency']:.3f}",
-                              f"savings {h['cost']['savings']:+.4f}", f"identical {h['losses_identical']}",
-                              f"failures {len(h['failures'])}", flush=True)
+        profiles = profiles_for(sorted({t for ts in tasksets for t in TASKSETS[ts]}), tmpd / "profiles.json")
+        for engine in a.engines.split(","):
+            cfg = TrainConfig(schedule="1f1b", stages=2, microbatches=a.microbatches, model=a.model, iters=iters,
+                              pin_cores=True, engine=engine, warmup_iters=warm)
+            base = train(replace(cfg, run_dir=str(tmpd / f"{engine}-alone"))).report()
+            print(f"{engine}: alone, iteration {base['iteration_time_s'] * 1e3:.0f} ms, bubble fraction "
+                  f"{base['bubble_fraction_measured']:.3f}, bubbles {[round(b['median_s'], 3) for b in base['bubbles'] if b['type'] != 'S']} s",
+                  flush=True)
+            plan = []
+            for mode in a.modes.split(","):
+                if mode == "none":
+                    plan.append((mode, "-", []))
+                elif mode == "freeride":
+                    plan += [(mode, ts, TASKSETS[ts]) for ts in tasksets]
+                else:
+                    plan.append((mode, tasksets[0], TASKSETS[tasksets[0]]))
+            for mode, name, tasks in plan:
+                c = compare(replace(cfg, run_dir=str(tmpd / f"{engine}-{mode}-{name}")), mode, tasks, paired_block=a.block,
+                            baseline_report=base, profiles=profiles)
+                h = c.report
+                row = {"engine": engine, "tasks": name, "mode": mode, "overhead_pct": h["overhead_pct"],
+                       "ci95": h["overhead_ci95"], "separate_runs_pct": h["overhead_pct_unpaired"],
+                       "in_run_unpaired_pct": h["overhead_pct_unpaired_in_run"],
+                       "efficiency": h["harvest_efficiency"], "prediction_error": h["bubble_prediction_error"],
+                       "overhead_term": h["cost"]["overhead_term"], "value_term": h["cost"]["value_term"],
+                       "savings": h["cost"]["savings"], "losses_identical": h["losses_identical"],
+                       "within_budget": h["within_budget"], "pairs": h["overhead_pairs"], "failures": len(h["failures"]),
+                       "overruns": sum(d["overruns"] for d in h["side_work"].values())}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
     print()
-    for m, ts in nones.items():  # how much the baseline itself moves between repeats
-        med = statistics.median(ts)
-        print(f"m={m}: none iteration ms median {med * 1e3:.1f}, spread {(min(ts) / med - 1) * 100:+.1f}%..{(max(ts) / med - 1) * 100:+.1f}%")
-    header = "| m | tasks | mode | overhead % (median) | overhead % (min..max) | harvest efficiency | value term | savings | losses identical |"
     if a.markdown:
-        print(f"CPU only: {platform.machine()}, torch {torch.__version__}, p=2 1F1B, model {a.model}, {a.iters} iterations "
-              f"(2 warm-up), {a.repeats} repeats, each against its own none run; stage r and its side tasks pinned to core r")
-    print(header)
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (m, name, mode), hs in rows.items():
-        ov = [h["overhead_pct"] for h in hs]
-        print(f"| {m} | {name} | {mode} | {statistics.median(ov):+.1f} | {min(ov):+.1f}..{max(ov):+.1f} | "
-              f"{statistics.median(h['harvest_efficiency'] for h in hs):.2f} | "
-              f"{statistics.median(h['cost']['value_term'] for h in hs):+.3f} | "
-              f"{statistics.median(h['cost']['savings'] for h in hs):+.3f} | {all(h['losses_identical'] for h in hs)} |")
+        print(f"CPU only: {platform.machine()}, {platform.processor() or 'cpu'}, 1 torch thread per rank, torch {torch.__version__}; "
+              f"p=2 1F1B, model {a.model}, m={a.microbatches}; {iters} iterations per run ({warm} warm-up, {a.pairs} pairs of "
+              f"{a.block}-iteration on/off blocks); budget {DEFAULT_BUDGET_PCT:g}%; {time.time() - t_start:.0f} s in all")
+    print("| engine | tasks | mode | overhead % (median of pairs) | 95% CI | separate runs % | efficiency | prediction error | "
+          "overhead term | value term | savings | losses identical | within budget |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        lo, hi = r["ci95"]
+        pe = "-" if r["prediction_error"] is None else f"{r['prediction_error'] * 100:.1f}%"
+        print(f"| {r['engine']} | {r['tasks']} | {r['mode']} | {r['overhead_pct']:+.2f} | [{lo:+.2f}, {hi:+.2f}] | "
+              f"{r['separate_runs_pct']:+.1f} | {r['efficiency']:.2f} | {pe} | {r['overhead_term']:+.3f} | "
+              f"{r['value_term']:+.3f} | {r['savings']:+.3f} | {r['losses_identical']} | {'yes' if r['within_budget'] else 'no'} |")
 
 
 if __name__ == "__main__":

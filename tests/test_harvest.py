@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flowride.harvest.cost import harvest_efficiency, savings
-from flowride.harvest.manager import ManagerOptions, fit_time, step_fits
+from flowride.harvest.manager import ManagerOptions, fit_time, read_steps, step_fits
 from flowride.harvest.states import IllegalTransition, TaskState, check_transition
 from flowride.harvest.store import TaskStore
 from flowride.pipeline.events import BubbleEvent, BubblePublisher
@@ -330,3 +330,204 @@ def test_task_restored_already_done_finishes(tmp_path):
         stop_manager(proc, tmp_path)
     rec = TaskStore.in_run_dir(tmp_path).get(tid)
     assert rec.units == 3 and rec.restarts == 1
+
+
+# ------------------------------------------------------------------------------------ placement, on/off, probe
+
+
+def _affinity(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list"):
+            return line.split()[-1]
+    return ""
+
+
+def test_one_floating_task_uses_every_stages_bubbles(tmp_path):
+    st = TaskStore.in_run_dir(tmp_path)
+    tid = st.submit(f"{FAKE}:Counter", {"step_ms": 2})
+    proc, port = start_manager(tmp_path, 2, "freeride", {f"{FAKE}:Counter": {"median_step_s": 0.002}})
+    pub = BubblePublisher(port)
+    try:
+        wait_for(lambda: TaskStore.in_run_dir(tmp_path).get(tid).state is TaskState.PAUSED)
+        pid = _host_pid(tmp_path, tid)
+        for stage in (0, 1, 0, 1):
+            now = time.monotonic()
+            pub.publish(BubbleEvent("bubble", stage, "B", now, now + 0.15, 10**10, 0))
+            time.sleep(0.08)
+            if len(os.sched_getaffinity(0)) > 1:  # it sits on the core of the stage whose bubble it fills
+                assert _affinity(pid) == str(sorted(os.sched_getaffinity(0))[stage])
+            time.sleep(0.12)
+    finally:
+        pub.close()
+        rec = stop_manager(proc, tmp_path)
+    stages = [s["stage"] for s in rec["steps"]]
+    assert set(stages) == {0, 1} and stages.count(0) > 20 and stages.count(1) > 20
+
+
+def test_off_pauses_every_task_and_on_resumes(tmp_path):
+    st = TaskStore.in_run_dir(tmp_path)
+    st.submit(f"{FAKE}:Counter", {"step_ms": 2})
+    proc, port = start_manager(tmp_path, 1, "naive", {})
+    pub = BubblePublisher(port)
+    try:
+        wait_for(lambda: len(read_steps(tmp_path)) > 10)
+        pub.publish(BubbleEvent("off", 0, "-", time.monotonic(), None, 0, 0))
+        time.sleep(0.3)  # the step in progress ends, then nothing runs
+        off_at = time.monotonic()
+        time.sleep(0.5)
+        during = [s for s in read_steps(tmp_path) if s["t0"] >= off_at]
+        pub.publish(BubbleEvent("on", 0, "-", time.monotonic(), None, 0, 0))
+        on_at = time.monotonic()
+        wait_for(lambda: any(s["t0"] >= on_at for s in read_steps(tmp_path)), timeout=10)
+    finally:
+        pub.close()
+        stop_manager(proc, tmp_path)
+    assert during == []
+
+
+def test_an_unprofiled_task_learns_its_step_time_from_a_probe(tmp_path):
+    st = TaskStore.in_run_dir(tmp_path)
+    st.submit(f"{FAKE}:Counter", {"step_ms": 4})
+    proc, port = start_manager(tmp_path, 1, "freeride", {})  # no profile at all
+    pub = BubblePublisher(port)
+    try:
+        wait_for(lambda: len(read_steps(tmp_path)) >= 3)  # the probe: 3 steps at idle priority
+        time.sleep(0.2)
+        probe = len(read_steps(tmp_path))
+        now = time.monotonic()
+        pub.publish(BubbleEvent("bubble", 0, "B", now, now + 0.012, 10**10, 0))  # fits 1-2 steps of 4 ms (need 6 ms)
+        time.sleep(0.3)
+    finally:
+        pub.close()
+        rec = stop_manager(proc, tmp_path)
+    assert probe == 3
+    in_bubble = [s for s in rec["steps"] if s["t0"] >= now]
+    assert 1 <= len(in_bubble) <= 2  # the guess for unprofiled tasks (24 ms) would have run none
+
+
+# ------------------------------------------------------------------------------------ supervision
+
+
+def test_a_killed_manager_is_restarted_within_2_s_and_nothing_is_lost(tmp_path):
+    from flowride.harvest.supervise import ManagerProcess
+
+    st = TaskStore.in_run_dir(tmp_path)
+    tid = st.submit(f"{FAKE}:Counter", {"total": 3000, "step_ms": 2})
+    mp = ManagerProcess(tmp_path, ManagerOptions(stages=1, mode="naive"), {})
+    port = mp.start()
+    mp.watch()
+    try:
+        wait_for(lambda: (TaskStore.in_run_dir(tmp_path).checkpoint(tid) or (b"", 0, 0))[1] > 0, timeout=30)
+        first = mp.proc.pid
+        killed_at = time.monotonic()
+        os.kill(first, signal.SIGKILL)
+        before = [s for s in read_steps(tmp_path) if s["t0"] < killed_at]
+        wait_for(lambda: len(mp.history) == 1 and mp.alive(), timeout=10)
+        assert mp.restarts == 1 and mp.history[0]["detected_at"] - killed_at < 2.0
+        assert mp.proc.pid != first and mp.port == port  # same port: trainers keep sending there
+        wait_for(lambda: TaskStore.in_run_dir(tmp_path).get(tid).state is TaskState.FINISHED, timeout=60)
+    finally:
+        rec = mp.stop()
+    assert rec["manager_restarts"] == 1 and rec["harvest_stopped"] is None
+    kept = [s for s in rec["steps"] if s["t0"] < killed_at]
+    assert len(kept) == len(before) > 0  # the steps done before the crash are still on record
+    t = TaskStore.in_run_dir(tmp_path).get(tid)
+    assert t.restarts == 1 and t.units == 3000
+
+
+def test_the_supervisor_gives_up_after_too_many_deaths(tmp_path):
+    from flowride.harvest.supervise import ManagerProcess
+
+    mp = ManagerProcess(tmp_path, ManagerOptions(stages=1, mode="naive"), {}, max_restarts=1)
+    mp.start()
+    mp.watch()
+    try:
+        os.kill(mp.proc.pid, signal.SIGKILL)
+        wait_for(lambda: len(mp.history) == 1 and mp.alive(), timeout=10)
+        os.kill(mp.proc.pid, signal.SIGKILL)
+        wait_for(lambda: mp.gave_up is not None, timeout=10)
+    finally:
+        rec = mp.stop()
+    assert "harvesting stopped" in rec["harvest_stopped"] and rec["manager_restarts"] == 1
+
+
+def test_manager_command_status_restart_stop(tmp_path):
+    from flowride.harvest.supervise import ManagerProcess
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "flowride", "manager", *args, "--run-dir", str(tmp_path)],
+                              capture_output=True, text=True, timeout=60)
+
+    assert "holds no side-task manager" in cli("status").stderr
+    mp = ManagerProcess(tmp_path, ManagerOptions(stages=2, mode="freeride"), {})
+    port = mp.start()
+    first = mp.proc.pid
+    try:
+        s = json.loads(cli("status").stdout)
+        assert s["alive"] and s["pid"] == first and s["port"] == port and s["options"]["stages"] == 2
+        r = cli("restart")
+        assert r.returncode == 0 and f":{port}" in r.stdout
+        s2 = json.loads(cli("status").stdout)
+        assert s2["alive"] and s2["pid"] != first and s2["port"] == port
+        assert cli("stop").returncode == 0
+        assert not json.loads(cli("status").stdout)["alive"]
+    finally:
+        mp.stop()
+
+
+def test_kill_9_of_the_manager_during_training(tmp_path):
+    """Training goes on untouched, the manager comes back, the report keeps the work done before
+    the crash and counts the restart."""
+    import threading
+    from dataclasses import replace
+
+    from flowride.harvest.session import compare
+    from flowride.pipeline.config import TrainConfig
+
+    cfg = TrainConfig(schedule="1f1b", stages=2, microbatches=4, model="medium", iters=10, run_dir=str(tmp_path / "run"))
+    run_dir = Path(cfg.run_dir)
+    killed: list[float] = []
+
+    def killer():
+        wait_for(lambda: len(read_steps(run_dir)) > 20, timeout=120, every=0.02)
+        pid = json.loads((run_dir / "manager.pid").read_text())
+        killed.append(time.monotonic())
+        os.kill(pid, signal.SIGKILL)
+
+    th = threading.Thread(target=killer, daemon=True)
+    th.start()
+    profiles = {f"{FAKE}:Counter": {"median_step_s": 0.002, "throughput": 500.0, "unit": "ticks"}}
+    c = compare(replace(cfg), "freeride", [f"{FAKE}:Counter"], paired_block=2, profiles=profiles)
+    th.join(timeout=5)
+    rep = c.report
+    assert killed and rep["manager_restarts"] == 1 and rep["harvest_stopped"] is None
+    assert rep["losses_identical"] is True
+    steps = c.record["steps"]
+    assert any(s["t0"] < killed[0] for s in steps) and any(s["t0"] > killed[0] + 1 for s in steps)
+    assert sum(d["steps"] for d in rep["side_work"].values()) > 0
+    assert TaskStore.in_run_dir(run_dir).list()[0].restarts == 1
+
+
+# ------------------------------------------------------------------------------------ limits
+
+
+def test_cuda_limits_are_applied_in_the_task_process_not_as_rlimit(tmp_path, monkeypatch):
+    from flowride.harvest.limits import Limits, mps_daemon_running
+
+    cpu = Limits(memory_mb=1500, low_priority=False)
+    gpu = Limits(memory_mb=1500, low_priority=False, cuda=True, cuda_device=1, mps_thread_percentage=40)
+    assert "FLOWRIDE_CUDA_MEMORY_MB" not in cpu.child_env()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    env = gpu.child_env()
+    assert env["FLOWRIDE_CUDA_MEMORY_MB"] == "1500" and env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert gpu.child_env()["CUDA_VISIBLE_DEVICES"] == "6"  # the stage's GPU among the visible ones
+    code = "import resource; print(resource.getrlimit(resource.RLIMIT_AS)[0])"
+    for lim, capped in ((cpu, True), (gpu, False)):  # RLIMIT_AS would break the CUDA driver
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=lim.apply_in_child)
+        assert (int(out.stdout) == 1500 << 20) is capped
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert not mps_daemon_running()
+    (tmp_path / "control").touch()
+    assert mps_daemon_running()

@@ -51,7 +51,21 @@ def make(name: str, rank: int, world: int):
 def train(name: str, rank: int, world: int, steps: int, attach_dir: Path | None):
     stages, sched, opt = make(name, rank, world)
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
-    h = flowride.harvest.attach(sched, run_dir=attach_dir, side_tasks=["harvest_fixtures.fake_tasks:Counter"]) if attach_dir else None
+    counter = "harvest_fixtures.fake_tasks:Counter"
+    h = flowride.harvest.attach(sched, run_dir=attach_dir, side_tasks=[counter],
+                                profiles={counter: {"median_step_s": 0.002}}) if attach_dir else None
+    if h is not None:  # let the side task start up (its process, its setup) before training
+        if h.manager is not None:
+            import time
+
+            from flowride.harvest.store import TaskStore
+
+            store = TaskStore.in_run_dir(attach_dir)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 60 and any(str(t.state) in ("SUBMITTED", "CREATED") for t in store.list()):
+                time.sleep(0.05)
+            store.close()
+        dist.barrier()
     losses_out = []
     for step in range(steps):
         x, y = batch(step, BATCH, WIDTH, torch.device("cpu"))

@@ -166,19 +166,19 @@ class ManagerProcess:
         if self._stopping.is_set() or self.gave_up or self.proc is None or self.proc.poll() is None:
             return
         code = self.proc.returncode
-        died = time.monotonic()
+        died = time.monotonic()  # noticed now: within poll_s of the death
         if self.restarts >= self.max_restarts:
             self.gave_up = f"the manager died {self.restarts + 1} times (last exit code {code}); harvesting stopped"
-            self.history.append({"exit_code": code, "restarted": False})
+            self.history.append({"exit_code": code, "restarted": False, "detected_at": died})
             return
         self.restarts += 1
         try:
             self.start()
         except (ManagerUnavailable, OSError) as e:
             self.gave_up = f"restart {self.restarts} failed: {e}; harvesting stopped"
-            self.history.append({"exit_code": code, "restarted": False})
+            self.history.append({"exit_code": code, "restarted": False, "detected_at": died})
             return
-        self.history.append({"exit_code": code, "restarted": True, "restart_s": time.monotonic() - died})
+        self.history.append({"exit_code": code, "restarted": True, "detected_at": died, "restart_s": time.monotonic() - died})
 
     def _watch_loop(self) -> None:
         while not self._stopping.wait(self.poll_s):
