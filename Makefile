@@ -20,11 +20,11 @@ demo: setup
 	$(BIN)/flowride demo
 
 test: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
 
 bench: setup
 	$(BIN)/python benchmarks/synth.py

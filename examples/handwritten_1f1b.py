@@ -1,6 +1,7 @@
 """A hand-written 1F1B pipeline loop that reports its bubbles to flowride.
 
     torchrun --nproc-per-node 2 examples/handwritten_1f1b.py [--steps 20] [--side-tasks pagerank] [--no-harvest]
+        [--gpu-ranks 1 --side-device cuda]    # rank 1 computes on the GPU (activations cross on the CPU)
 
 Loops that flowride cannot wrap (this one, Megatron-LM's, DeepSpeed's) report their waits
 themselves: ``flowride.harvest.connect`` sets up the side-task manager and hands back a
@@ -50,19 +51,23 @@ def main() -> None:
     ap.add_argument("--run-dir", default="runs/handwritten-1f1b")
     ap.add_argument("--no-harvest", action="store_true")
     ap.add_argument("--out", help="write the losses (last rank) to this JSON file")
+    ap.add_argument("--gpu-ranks", default="", help="comma-separated ranks that compute on CUDA (gloo moves tensors via the CPU)")
+    ap.add_argument("--side-device", help="where side tasks compute: cpu or cuda (default: the manager rank's device)")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
     rank, p = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     m, mbs, w = args.microbatches, args.microbatch_size, args.width
-    model = stage_module(rank, p, w, args.layers)
+    gpu = str(rank) in args.gpu_ranks.split(",") and torch.cuda.is_available()
+    dev = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    model = stage_module(rank, p, w, args.layers).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     first, last = rank == 0, rank == p - 1
 
     tasks = [t for t in args.side_tasks.split(",") if t]
     harvest = contextlib.nullcontext() if args.no_harvest else flowride.harvest.connect(
-        rank, p, run_dir=args.run_dir, side_tasks=tasks)
+        rank, p, run_dir=args.run_dir, side_tasks=tasks, device=dev.type, side_device=args.side_device)
     # without flowride, waits are plain waits: a reporter that only measures
     rep = flowride.harvest.BubbleReporter(rank) if args.no_harvest else harvest.reporter
 
@@ -70,7 +75,7 @@ def main() -> None:
     with harvest:
         for step in range(args.steps):
             g = torch.Generator().manual_seed(step)
-            x = torch.randn(m, mbs, w, generator=g)
+            x = torch.randn(m, mbs, w, generator=g).to(dev)
             y = torch.tanh(x.flip(-1))
             rep.begin_iteration(step)
             saved, pending, total = {}, [], 0.0
@@ -82,25 +87,25 @@ def main() -> None:
                         inp = torch.empty(mbs, w)
                         with rep.waiting("recv activation"):  # idle until the previous stage sends
                             dist.recv(inp, rank - 1)
-                        inp.requires_grad_(True)
+                        inp = inp.to(dev).requires_grad_(True)
                     out = model(inp)
                     if last:
                         out = nn.functional.mse_loss(out, y[mb]) / m
                         total += float(out.detach())
                     else:
-                        pending.append(dist.isend(out.detach(), rank + 1))
+                        pending.append(dist.isend(out.detach().cpu(), rank + 1))
                     saved[mb] = (inp, out)
                 else:
                     inp, out = saved.pop(mb)
                     if last:
                         out.backward()
                     else:
-                        grad = torch.empty_like(out)
+                        grad = torch.empty(mbs, w)
                         with rep.waiting("recv gradient"):  # idle until the next stage sends back
                             dist.recv(grad, rank + 1)
-                        out.backward(grad)
+                        out.backward(grad.to(dev))
                     if not first:
-                        pending.append(dist.isend(inp.grad, rank - 1))
+                        pending.append(dist.isend(inp.grad.cpu(), rank - 1))
             with rep.waiting("flush"):
                 for work in pending:
                     work.wait()

@@ -138,8 +138,11 @@ class Manager:
         (self.run_dir / "tasks").mkdir(parents=True, exist_ok=True)
         self.store = TaskStore.in_run_dir(self.run_dir)
         self.stages, self.mode, self.factor = opts.stages, opts.mode, opts.factor
-        # a task floats only on CPU in freeride; on CUDA its state lives on one stage's device
-        self.floating = opts.placement == "float" and opts.mode == "freeride" and opts.device == "cpu"
+        # GPUs on this host (NVML count: no CUDA context in the manager)
+        self.gpus = _cuda_devices() if opts.device == "cuda" else 0
+        # a task floats in freeride on CPU, or on CUDA when every stage shares one GPU; with
+        # several GPUs its state lives on one stage's device and it stays there
+        self.floating = opts.placement == "float" and opts.mode == "freeride" and (opts.device == "cpu" or self.gpus <= 1)
         self.profiles = profiles or {}
         self.sub = BubbleSubscriber(opts.port)
         self.port = self.sub.port
@@ -178,7 +181,7 @@ class Manager:
             low_priority=self.mode != "naive",
             cores=stage_cores(stage) if self.opts.pin else None,
             cuda=cuda,
-            cuda_device=stage if cuda else None,
+            cuda_device=(stage % max(1, self.gpus)) if cuda else None,
             mps_thread_percentage=self.opts.mps_thread_percentage if self.mps else None,
         )
         env = dict(os.environ)
@@ -546,6 +549,15 @@ class Manager:
         (self.run_dir / "manager.pid").unlink(missing_ok=True)
         self.sub.close()
         self.store.close()
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:  # no usable CUDA: the task processes will say so themselves
+        return 0
 
 
 def read_steps(run_dir: str | Path) -> list[dict]:

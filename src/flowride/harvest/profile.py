@@ -44,8 +44,10 @@ def _measure(name: str, params: dict, steps: int, seconds: float) -> dict:
         "median_step_s": statistics.median(times) if times else 0.0,
         "p90_step_s": sorted(times)[int(0.9 * (len(times) - 1))] if times else 0.0,
         "throughput": units / busy if busy > 0 else 0.0,  # units per second on one dedicated core
-        "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "device": "cpu",
+        # admission compares this with the stage's free memory: device memory for a GPU task
+        "peak_memory_bytes": (torch.cuda.max_memory_allocated() if str(params.get("device", "cpu")).startswith("cuda")
+                              else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024),
+        "device": str(params.get("device", "cpu")),
     }
 
 

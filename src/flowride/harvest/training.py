@@ -115,8 +115,8 @@ def _host_ports(port: int | None) -> int | None:
 
 def connect(stage: int, stages: int, run_dir: str | Path = "runs/harvest", side_tasks: Sequence[str] = (),
             mode: str = "freeride", *, min_bubble_s: float = 0.002, device: str = "cpu",
-            start_manager: bool | None = None, profiles: dict[str, dict] | None = None,
-            saved_lengths: dict[str, float] | None = None) -> Harvest:
+            side_device: str | None = None, start_manager: bool | None = None,
+            profiles: dict[str, dict] | None = None, saved_lengths: dict[str, float] | None = None) -> Harvest:
     """A :class:`Harvest` whose ``reporter`` is pipeline rank ``stage``'s (of ``stages``)
     :class:`BubbleReporter`, connected to its host's side-task manager, which the rank that
     starts it (default: local rank 0) also holds.
@@ -124,13 +124,17 @@ def connect(stage: int, stages: int, run_dir: str | Path = "runs/harvest", side_
     For training loops that :func:`attach` cannot wrap (hand-written, Megatron-LM, DeepSpeed):
     call it on every rank after ``init_process_group`` (it is collective when torch.distributed
     is initialized), then report waits with ``reporter.waiting(...)`` or ``idle()``/``busy()``.
-    ``device`` is the training device type ("cpu" or "cuda"); side tasks compute there too.
+    ``device`` is this rank's training device type ("cpu" or "cuda"); side tasks compute on
+    ``side_device`` (default: ``device`` of the rank that starts the manager).
     """
     from flowride.errors import InputError
     from flowride.harvest.task import resolve
 
     if mode not in HARVEST_MODES or mode == "none":
         raise InputError("mode", f"unknown harvest mode {mode!r}", "use freeride, naive or priority")
+    side_device = side_device or device
+    if side_device not in ("cpu", "cuda"):
+        raise InputError("side_device", f"unknown device {side_device!r}", "use cpu or cuda")
     for name in side_tasks:
         resolve(name)
     run_dir = Path(run_dir)
@@ -145,10 +149,10 @@ def connect(stage: int, stages: int, run_dir: str | Path = "runs/harvest", side_
         try:
             if side_tasks and not store.unfinished():
                 for name in side_tasks:
-                    store.submit(name, job_params(name, device))
+                    store.submit(name, job_params(name, side_device))
         finally:
             store.close()
-        manager = ManagerProcess(run_dir, ManagerOptions(stages=stages, mode=mode, device=device), profiles)
+        manager = ManagerProcess(run_dir, ManagerOptions(stages=stages, mode=mode, device=side_device), profiles)
         port = manager.start()
         manager.watch()
     port = _host_ports(port)
@@ -184,8 +188,8 @@ def attach(schedule: Any, run_dir: str | Path = "runs/harvest", side_tasks: Sequ
         data = json.loads(lengths_f.read_text())
         if data.get("signature") == _signature(schedule):
             saved = {k: float(v) for k, v in data.get("lengths", {}).items()}
-    h = connect(rank, world, run_dir, side_tasks, mode, min_bubble_s=min_bubble_s, device=device or dev_type,
-                start_manager=start_manager, profiles=profiles, saved_lengths=saved)
+    h = connect(rank, world, run_dir, side_tasks, mode, min_bubble_s=min_bubble_s, device=dev_type,
+                side_device=device, start_manager=start_manager, profiles=profiles, saved_lengths=saved)
     h.observer = observe(schedule, h.reporter, steady=True)
     h.signature = _signature(schedule)
     return h

@@ -11,6 +11,13 @@ Gap ``i`` of an iteration is the wait before the rank's compute action ``i`` (ga
 ``step()`` is entered, the last gap ends when it returns); its type comes from the plan that the
 schedule's own action list implies (:mod:`flowride.pipeline.torch_plan`). Its length is learned
 online by the reporter from earlier iterations.
+
+On CUDA the host clock says nothing about the GPU unless the two meet: kernels and NCCL
+receives are queued, and a compute method returns as soon as its kernels are. With
+``sync=True`` (the default when the stage is on a GPU) each wrapper synchronizes the device on
+entry (so the receive the action waits for has really arrived) and on exit (so its kernels have
+really run). The numerics are unchanged; the cost is the launch overlap between consecutive
+actions.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from __future__ import annotations
 import functools
 import time
 from typing import Any
+
+import torch
 
 from flowride.pipeline import torch_compat as tc
 from flowride.pipeline.reporter import BubbleReporter
@@ -27,11 +36,14 @@ from flowride.pipeline.torch_plan import RankPlan, plan
 class TorchObserver:
     """The wrappers on one rank's schedule; :meth:`detach` puts the originals back."""
 
-    def __init__(self, schedule: Any, reporter: BubbleReporter, steady: bool = True) -> None:
+    def __init__(self, schedule: Any, reporter: BubbleReporter, steady: bool = True, sync: bool | None = None) -> None:
         tc.check()
         self.schedule = schedule
         self.reporter = reporter
         self.rank = tc.group_rank(schedule)
+        dev = getattr(tc.local_stages(schedule)[0], "device", None)
+        self.cuda = dev if getattr(dev, "type", None) == "cuda" else None
+        self.sync = (self.cuda is not None) if sync is None else (sync and self.cuda is not None)
         full = plan(schedule, iterations=2 if steady else 1)
         self.plan: RankPlan | None = None if full is None else full.get(self.rank)
         self.observed: list[tc.Act] = []  # this iteration's compute actions, in order
@@ -68,6 +80,8 @@ class TorchObserver:
     def _compute_wrapper(self, orig: Any, method: str, stage_index: int) -> Any:
         @functools.wraps(orig)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self.sync:
+                torch.cuda.synchronize(self.cuda)  # the input this action waited for is really here
             t0 = time.monotonic()
             self.reporter.busy(t0)
             act = tc.action_of_call(method, args, kwargs, stage_index)
@@ -78,6 +92,8 @@ class TorchObserver:
             try:
                 return orig(*args, **kwargs)
             finally:
+                if self.sync:
+                    torch.cuda.synchronize(self.cuda)  # its kernels have really run
                 t1 = time.monotonic()
                 self.records.append({"kind": act.kind, "mb": act.mb, "chunk": act.stage, "start": t0, "compute": t0, "end": t1})
                 self.reporter.idle(pos + 1, self._type(pos + 1))
@@ -106,6 +122,7 @@ class TorchObserver:
         return [self._type(i) for i in range(n + 1)]
 
 
-def observe(schedule: Any, reporter: BubbleReporter, steady: bool = True) -> TorchObserver:
-    """Start reporting ``schedule``'s bubbles on this rank through ``reporter``."""
-    return TorchObserver(schedule, reporter, steady)
+def observe(schedule: Any, reporter: BubbleReporter, steady: bool = True, sync: bool | None = None) -> TorchObserver:
+    """Start reporting ``schedule``'s bubbles on this rank through ``reporter`` (``sync``: see the
+    module docstring; default on for a GPU stage)."""
+    return TorchObserver(schedule, reporter, steady, sync)

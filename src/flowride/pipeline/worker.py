@@ -94,6 +94,13 @@ class StageRunner:
     def state_dicts(self) -> dict[int, dict]:
         return {j: self.pieces[j].state_dict() for j in self.mine}
 
+    def _clock(self) -> float:
+        """Now, with the GPU caught up on CUDA: a NCCL receive or a kernel only queues work, so
+        without the synchronization the host clock would time the queueing, not the bubble."""
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        return time.monotonic()
+
     def iteration(self, it: int, batch: torch.Tensor) -> tuple[float | None, list[dict]]:
         cfg = self.cfg
         rep = self.reporter
@@ -113,7 +120,7 @@ class StageRunner:
                     x = batch[mb, :, :-1]
                 else:
                     x = self._recv(0, mb, j, j - 1).requires_grad_(True)
-                tc = time.monotonic()
+                tc = self._clock()
                 rep.busy(tc)
                 y = self.pieces[j](x)
                 if j == self.P - 1:
@@ -124,7 +131,7 @@ class StageRunner:
                 inputs[(mb, j)], outputs[(mb, j)] = x, y
             elif ins.kind == "B":
                 g = None if j == self.P - 1 else self._recv(1, mb, j, j + 1)
-                tc = time.monotonic()
+                tc = self._clock()
                 rep.busy(tc)
                 x, y = inputs[(mb, j)], outputs[(mb, j)]
                 if self.has_w:  # input gradient now, weight gradient in W
@@ -138,12 +145,12 @@ class StageRunner:
                         self._send(x.grad, 1, mb, j - 1, j - 1, pending)
                     del inputs[(mb, j)], outputs[(mb, j)]
             else:  # W
-                tc = time.monotonic()
+                tc = self._clock()
                 rep.busy(tc)
                 y = outputs.pop((mb, j))
                 torch.autograd.backward(y, grads.pop((mb, j)), inputs=list(self.pieces[j].parameters()))
                 inputs.pop((mb, j))
-            t1 = time.monotonic()
+            t1 = self._clock()
             recs.append({"kind": ins.kind, "mb": mb, "chunk": j, "start": t0, "compute": tc, "end": t1})
         for w in pending:
             w.wait()
