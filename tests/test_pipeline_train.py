@@ -62,10 +62,13 @@ def no_worker_left(run_dir: Path) -> bool:
     return True
 
 
-@pytest.mark.parametrize(("schedule", "stages", "chunks"), [("gpipe", 2, 1), ("1f1b", 2, 1), ("interleaved", 2, 2), ("zbh1", 2, 1), ("1f1b", 4, 1)])
-def test_pipelined_training_equals_single_process(tmp_path, schedule, stages, chunks):
+@pytest.mark.parametrize(("engine", "schedule", "stages", "chunks"), [
+    ("builtin", "gpipe", 2, 1), ("builtin", "1f1b", 2, 1), ("builtin", "interleaved", 2, 2), ("builtin", "zbh1", 2, 1),
+    ("builtin", "1f1b", 4, 1), ("torch", "1f1b", 2, 1), ("torch", "interleaved1f1b", 2, 2), ("torch", "dualpipev", 2, 2),
+])
+def test_pipelined_training_equals_single_process(tmp_path, engine, schedule, stages, chunks):
     cfg = TrainConfig(schedule=schedule, stages=stages, microbatches=4, chunks=chunks, model="tiny", iters=3,
-                      run_dir=str(tmp_path / "run"), save_params=True, timeout_s=60)
+                      run_dir=str(tmp_path / "run"), save_params=True, timeout_s=60, engine=engine)
     res = train(cfg)
     ref_losses, ref_state = reference_training(cfg)
     assert res.report()["losses"] == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
@@ -79,9 +82,11 @@ def test_pipelined_training_equals_single_process(tmp_path, schedule, stages, ch
     assert no_worker_left(tmp_path / "run")
 
 
-def test_report_contract_and_bubble_types(tmp_path):
-    cfg = TrainConfig(schedule="1f1b", stages=2, microbatches=4, model="tiny", iters=4, run_dir=str(tmp_path / "run"))
+@pytest.mark.parametrize("engine", ["builtin", "torch"])
+def test_report_contract_and_bubble_types(tmp_path, engine):
+    cfg = TrainConfig(schedule="1f1b", stages=2, microbatches=4, model="tiny", iters=4, run_dir=str(tmp_path / "run"), engine=engine)
     rep = train(cfg).report()
+    assert rep["engine"] == engine
     for key in ("schedule", "stages", "microbatches", "iteration_time_s", "losses", "bubble_fraction_measured", "bubble_fraction_theory", "bubbles"):
         assert key in rep
     assert len(rep["losses"]) == 4 and rep["iteration_time_s"] > 0

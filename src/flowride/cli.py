@@ -680,7 +680,8 @@ def _train_args(p: argparse.ArgumentParser, iters: int) -> None:
     p.add_argument("--microbatches", "-m", type=int, default=8)
     p.add_argument("--schedule", default="1f1b", help="builtin engine: gpipe, 1f1b, interleaved, zbh1; torch engine: "
                    "gpipe, 1f1b, interleaved1f1b, loopedbfs, interleavedzb, zbv, dualpipev")
-    p.add_argument("--engine", default="builtin", help="builtin (flowride's instruction lists) or torch (torch.distributed.pipelining)")
+    p.add_argument("--engine", default="auto", help="torch (torch.distributed.pipelining), builtin (flowride's instruction "
+                   "lists) or auto (default: torch for the schedules torch has, builtin for interleaved and zbh1)")
     p.add_argument("--chunks", "-v", type=int, default=None, help="model chunks per stage (interleaved; default 2 there, else 1)")
     p.add_argument("--model", default="tiny", help="tiny, small or medium")
     p.add_argument("--iters", type=int, default=iters)

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from flowride.errors import InputError
+from flowride.pipeline.torch_compat import SCHEDULE_CLASSES as TORCH_SCHEDULES
 
 ENGINES = ("builtin", "torch")
 
@@ -34,10 +35,16 @@ class TrainConfig:
     save_params: bool = False
     warmup_iters: int = 2  # iterations left out of medians
     pin_cores: bool = False  # pin stage r to core r (mod cores); side tasks of stage r share it
-    engine: str = "builtin"  # builtin (our instruction lists) | torch (torch.distributed.pipelining)
+    # torch (torch.distributed.pipelining) | builtin (flowride's instruction lists) | auto: torch
+    # for every schedule torch has, builtin for the others (interleaved, zbh1)
+    engine: str = "auto"
     min_bubble_s: float = 0.002  # waits predicted shorter than this are not announced
     paired_block: int = 0  # > 0: harvesting alternates on/off in randomized blocks of this many iterations
     paired_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.engine == "auto":
+            self.engine = "torch" if str(self.schedule).lower() in TORCH_SCHEDULES else "builtin"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -67,7 +74,7 @@ class TrainConfig:
             raise InputError("--iters", f"{self.iters} iterations hold fewer than 2 pairs of on/off blocks of {self.paired_block} "
                              f"after {self.warmup_iters} warm-up iterations", f"give --iters {need} or more, or --paired-block 0")
         if self.engine not in ENGINES:
-            raise InputError("--engine", f"unknown engine {self.engine!r}", f"use one of {', '.join(ENGINES)}")
+            raise InputError("--engine", f"unknown engine {self.engine!r}", f"use auto or one of {', '.join(ENGINES)}")
         if self.engine == "torch":
             from flowride.pipeline.torch_compat import dry_schedule
 
