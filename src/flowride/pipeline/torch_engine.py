@@ -42,7 +42,7 @@ class TorchStageRunner:
         cls = tc.schedule_class(cfg.schedule)
         m = cfg.microbatches
         self.schedule = cls(stages, m, loss_fn=loss_fn) if cfg.chunks > 1 else cls(stages[0], m, loss_fn=loss_fn)
-        self.observer = observe(self.schedule, reporter, steady=False)
+        self.observer = observe(self.schedule, reporter, steady=False, owns_iterations=False)
         self.data = TokenSource(self.mcfg.vocab_size, self.mcfg.seq_len, cfg.seed, cfg.data)
         self.has_first, self.has_last = 0 in self.mine, self.P - 1 in self.mine
 

@@ -36,10 +36,13 @@ from flowride.pipeline.torch_plan import RankPlan, plan
 class TorchObserver:
     """The wrappers on one rank's schedule; :meth:`detach` puts the originals back."""
 
-    def __init__(self, schedule: Any, reporter: BubbleReporter, steady: bool = True, sync: bool | None = None) -> None:
+    def __init__(self, schedule: Any, reporter: BubbleReporter, steady: bool = True, sync: bool | None = None,
+                 owns_iterations: bool = True) -> None:
         tc.check()
         self.schedule = schedule
         self.reporter = reporter
+        # each step() is an iteration for the reporter, unless the caller marks iterations itself
+        self.owns_iterations = owns_iterations
         self.rank = tc.group_rank(schedule)
         dev = getattr(tc.local_stages(schedule)[0], "device", None)
         self.cuda = dev if getattr(dev, "type", None) == "cuda" else None
@@ -105,12 +108,13 @@ class TorchObserver:
         def step(*args: Any, **kwargs: Any) -> Any:
             self.observed = []
             self.records = []
-            self.reporter.begin_iteration()
+            if self.owns_iterations:
+                self.reporter.begin_iteration()
             self.reporter.idle(0, "A")
             try:
                 return orig(*args, **kwargs)
             finally:
-                self.reporter.end_iteration()
+                self.reporter.busy()
                 if self.first_order is None:
                     self.first_order = list(self.observed)
 
@@ -122,7 +126,9 @@ class TorchObserver:
         return [self._type(i) for i in range(n + 1)]
 
 
-def observe(schedule: Any, reporter: BubbleReporter, steady: bool = True, sync: bool | None = None) -> TorchObserver:
+def observe(schedule: Any, reporter: BubbleReporter, steady: bool = True, sync: bool | None = None,
+            owns_iterations: bool = True) -> TorchObserver:
     """Start reporting ``schedule``'s bubbles on this rank through ``reporter`` (``sync``: see the
-    module docstring; default on for a GPU stage)."""
-    return TorchObserver(schedule, reporter, steady, sync)
+    module docstring; default on for a GPU stage). ``owns_iterations=False`` when the caller
+    marks iterations on the reporter itself (flowride's torch engine does)."""
+    return TorchObserver(schedule, reporter, steady, sync, owns_iterations)
