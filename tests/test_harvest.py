@@ -260,8 +260,10 @@ def test_train_with_side_tasks_through_the_cli(tmp_path):
     )
     assert p.returncode == 0, p.stderr[-2000:]
     rep = json.loads(rep_path.read_text())
-    for key in ("harvest_mode", "overhead_pct", "side_work", "harvest_efficiency", "cost", "losses_identical", "failures"):
+    for key in ("harvest_mode", "overhead_pct", "overhead_ci95", "bubble_prediction_error", "side_work", "harvest_efficiency",
+                "cost", "losses_identical", "failures", "budget_verdict", "manager_restarts", "harvest_stopped"):
         assert key in rep
+    assert rep["overhead_pairs"] == 2 and rep["overhead_ci95"][0] <= rep["overhead_pct"] <= rep["overhead_ci95"][1]
     assert rep["harvest_mode"] == "freeride" and rep["losses_identical"] is True and rep["failures"] == []
     assert {"overhead_term", "value_term", "savings"} <= set(rep["cost"])
     assert rep["cost"]["savings"] == pytest.approx(rep["cost"]["overhead_term"] + rep["cost"]["value_term"])
@@ -531,3 +533,23 @@ def test_cuda_limits_are_applied_in_the_task_process_not_as_rlimit(tmp_path, mon
     assert not mps_daemon_running()
     (tmp_path / "control").touch()
     assert mps_daemon_running()
+
+
+def test_harvest_report_counts_only_the_on_blocks_and_judges_the_budget():
+    from flowride.harvest.session import harvest_report
+
+    flags = [True, True, False, False, False, False, True, True] * 2
+    times = [1.01 if f else 1.00 for f in flags]
+    windows = [(10.0 * k, 10.0 * k + t) for k, t in enumerate(times)]
+    rep = {"stages": 2, "iteration_times_s": times, "iteration_harvest": flags, "iteration_windows": windows,
+           "iteration_idle_s": [0.4] * len(times), "iteration_time_s": 1.005, "losses": [1.0, 0.9], "window_monotonic": [0, 200]}
+    on_step = {"task": 1, "name": "cnn", "t0": windows[0][0] + 0.1, "t1": windows[0][0] + 0.2, "units": 32}
+    off_step = {"task": 1, "name": "cnn", "t0": windows[2][0] + 0.1, "t1": windows[2][0] + 0.2, "units": 32}
+    profiles = {"cnn": {"throughput": 320.0, "unit": "samples"}}
+    base = {"iteration_time_s": 1.0, "iteration_times_s": [1.0] * 4, "losses": [1.0, 0.9], "bubble_seconds_total": 1.6}
+    h = harvest_report(base, rep, {"steps": [on_step, off_step]}, "freeride", profiles, budget_pct=2.0, block=2)
+    assert h["overhead_pct"] == pytest.approx(1.0) and h["overhead_pairs"] == 4
+    assert h["side_work"]["1"]["steps"] == 1  # the step in an off block does not count
+    assert h["harvest_efficiency"] == pytest.approx((32 / 320) / (0.4 * 8))
+    assert h["within_budget"] and h["budget_verdict"] == "within" and h["losses_identical"] is True
+    assert harvest_report(base, rep, {"steps": []}, "freeride", profiles, budget_pct=0.5, block=2)["budget_verdict"] == "over"

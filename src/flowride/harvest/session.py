@@ -10,6 +10,7 @@ any side task, never touches training), watched by :class:`flowride.harvest.supe
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -185,9 +186,12 @@ def harvest_report(base_rep: dict | None, rep: dict, record: dict, mode: str, pr
         d["dedicated_throughput"] = prof.get("throughput", 0.0)
         if d["dedicated_throughput"] > 0:
             dedicated += d["units"] / d["dedicated_throughput"]
-    hi = out["overhead_ci95"][1] if out.get("overhead_ci95") else out["overhead_pct"]
+    lo, hi = out["overhead_ci95"] if out.get("overhead_ci95") else (out["overhead_pct"], out["overhead_pct"])
     out.update({
+        # within: the whole interval is under the budget; over: the whole interval above it;
+        # undecided: the run was too short to tell (more pairs narrow the interval)
         "within_budget": bool(hi <= budget_pct),
+        "budget_verdict": "within" if hi <= budget_pct else ("over" if lo > budget_pct else "undecided"),
         "side_work": side,
         "harvest_efficiency": harvest_efficiency(dedicated, bubble),
         "bubble_seconds": bubble,
@@ -214,6 +218,24 @@ def _block_of(flags: list[bool | None]) -> int:
     return min(runs[:-1] or runs)
 
 
+def check_comparison(cfg: TrainConfig, mode: str, tasks: list[str], paired_block: int, budget_pct: float,
+                     p_ref: float, p_main: float | None) -> None:
+    """Every input of :func:`compare`, checked before anything runs (InputError names the field)."""
+    if mode not in HARVEST_MODES:
+        raise InputError("--harvest", f"unknown mode {mode!r}", f"choose one of {', '.join(HARVEST_MODES)}")
+    for t in tasks:
+        try:
+            resolve(t)
+        except InputError as e:
+            raise InputError("--side-tasks", e.problem, e.fix) from None
+    if not (isinstance(budget_pct, (int, float)) and math.isfinite(budget_pct) and budget_pct >= 0):
+        raise InputError("--budget", f"{budget_pct!r} is not a percentage", "give 0 or more, e.g. 2")
+    for field, price in (("--price-ref", p_ref), ("--price-main", p_main)):
+        if price is not None and not (isinstance(price, (int, float)) and math.isfinite(price) and price > 0):
+            raise InputError(field, f"{price!r} is not a price", "give a positive number per hour")
+    replace(cfg, paired_block=paired_block).validate()
+
+
 @dataclass
 class Comparison:
     """A harvesting run measured against training alone."""
@@ -232,11 +254,7 @@ def compare(cfg: TrainConfig, mode: str, tasks: list[str], *, paired_block: int 
     """Train ``cfg`` alone (unless ``baseline_report`` is given or ``baseline`` is False), then
     with side ``tasks`` in ``mode``, harvesting switched on and off in randomized blocks of
     ``paired_block`` iterations (0: not paired, against the baseline run only)."""
-    if mode not in HARVEST_MODES:
-        raise InputError("--harvest", f"unknown mode {mode!r}", f"choose one of {', '.join(HARVEST_MODES)}")
-    for t in tasks:
-        resolve(t)
-    replace(cfg, paired_block=paired_block).validate()  # bad input fails before the baseline runs
+    check_comparison(cfg, mode, tasks, paired_block, budget_pct, p_ref, p_main)
     run_dir = Path(cfg.run_dir)
     say = on_stage or (lambda _s: None)
     if profiles is None:
