@@ -1,6 +1,7 @@
 """The published TE-CCL NDv2 2-chassis AllGather results, reproduced with the compat variant.
 
-Epochs and finish times must equal ../shared/reference/teccl_published_ndv2_2chassis.csv.
+Epochs and finish times must equal the published TE-CCL results (tests/data/teccl_published_ndv2_2chassis.csv,
+a copy of the table published with the TE-CCL artifact).
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from flowride.api import synthesize
 from flowride.topology import ndv2
 from flowride.units import parse_size
 
-# CI clones main with shared/ beside it.
-REF = Path(__file__).resolve().parents[2] / "shared" / "reference" / "teccl_published_ndv2_2chassis.csv"
+REF = Path(__file__).resolve().parent / "data" / "teccl_published_ndv2_2chassis.csv"
 
 
 def published(variant: str, size: str) -> dict:

@@ -26,7 +26,7 @@ import flowride.harvest  # noqa: E402
 from flowride.pipeline import torch_compat as tc  # noqa: E402
 from flowride.pipeline.torch_plan import plan  # noqa: E402
 
-WIDTH, LAYERS, BATCH, M = 256, 8, 64, 4
+WIDTH, LAYERS, BATCH, M = 512, 8, 64, 4
 
 
 def make(name: str, rank: int, world: int):

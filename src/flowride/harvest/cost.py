@@ -1,7 +1,7 @@
 """What harvesting is worth: overhead, harvest efficiency and cost savings.
 
-Savings (../shared/README.md section 2), with T_v the training time without side tasks, T_f
-with them, P the side work done, X the task's throughput on a dedicated reference device, p_ref
+Savings (FreeRide's definition, with the overhead term its artifact left out), with T_v the
+training time without side tasks, T_f with them, P the side work done, X the task's throughput on a dedicated reference device, p_ref
 that device's hourly price and p_main the training job's hourly price:
 
     S = 1 - T_f / T_v  +  (P / X) * p_ref / (p_main * T_v)

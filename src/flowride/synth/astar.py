@@ -1,6 +1,6 @@
 """Round-by-round (A*) synthesis for AllGather: a window of epochs at a time, stitched.
 
-TE-CCL's A* form (../shared/README.md section 1): instead of one MILP over the whole horizon,
+TE-CCL's A* form (SIGCOMM 2024; docs/synthesis.md): instead of one MILP over the whole horizon,
 solve a short window of epochs [t0, t0 + W), carry what every GPU holds and every chunk still in
 flight into the next window, and reward chunks that end the window close (in epochs) to the GPUs
 that still need them. The windows are stitched into one schedule that the simulator verifies.

@@ -1,4 +1,4 @@
-"""The time-expanded multi-commodity-flow MILP of TE-CCL (../shared/README.md section 1).
+"""The time-expanded multi-commodity-flow MILP of TE-CCL (SIGCOMM 2024; docs/synthesis.md).
 
 Time is cut into epochs 0..T (T+1 epochs: the last is TE-CCL's spare epoch in which a switch may
 still deliver). A probe at horizon T asks: can every GPU hold every chunk it needs at the start

@@ -1,4 +1,5 @@
-"""Built-in topologies with the numbers of ../shared/README.md (bandwidth GB/s, alpha in seconds).
+"""Built-in topologies with the numbers the TE-CCL paper and artifact publish (bandwidth GB/s,
+alpha in seconds; each builder's docstring gives its source).
 
 Every builder returns a validated :class:`Topology`. Node ids: GPUs first (chassis-major), then
 switches. ``BUILTINS`` maps a name to its builder and the parameters it accepts.

@@ -1,7 +1,7 @@
 """The alpha-beta model cut into epochs: what one epoch of length tau means on each link.
 
 This is the physics both the formulation (``flowride.synth``) and the simulator
-(``flowride.schedule``) use, after ../shared/README.md section 1:
+(``flowride.schedule``) use, after the TE-CCL paper (SIGCOMM 2024; docs/synthesis.md):
 
 - capacity: a link carries at most ``cap * tau`` chunks per epoch (cap in chunks/s);
 - beta: when one chunk needs more than an epoch (cap*tau < 1) the link is busy for
