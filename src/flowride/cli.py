@@ -546,6 +546,7 @@ def _train_harvesting(a: argparse.Namespace, cfg, tasks: list[str], mode: str):
 
     from flowride.files import read_json
     from flowride.harvest.session import check_comparison, compare
+    from flowride.harvest.supervise import ManagerUnavailable
     from flowride.pipeline.launch import TrainingFailed
 
     check_comparison(cfg, mode, tasks, a.paired_block, a.budget, a.price_ref, a.price_main)
@@ -569,7 +570,7 @@ def _train_harvesting(a: argparse.Namespace, cfg, tasks: list[str], mode: str):
             c = compare(cfg, mode, tasks, paired_block=a.paired_block, baseline_report=base_rep, p_ref=a.price_ref,
                         p_main=a.price_main, budget_pct=a.budget, bubble_profile=a.bubble_profile,
                         on_stage=on_stage, on_progress=on_progress)
-        except TrainingFailed as e:
+        except (TrainingFailed, ManagerUnavailable) as e:
             raise _RunFailed(str(e)) from None
     return c.result, c.report, c.record.get("steps", [])
 

@@ -26,7 +26,7 @@ from flowride.harvest.manager import ManagerOptions
 from flowride.harvest.profile import profile_task
 from flowride.harvest.stats import paired_overhead
 from flowride.harvest.store import TaskStore
-from flowride.harvest.supervise import ManagerProcess
+from flowride.harvest.supervise import ManagerProcess, ManagerUnavailable
 from flowride.harvest.task import ImperativeSpec, resolve
 from flowride.pipeline.config import TrainConfig
 from flowride.pipeline.trainer import TrainResult, train
@@ -66,7 +66,8 @@ def wait_until_created(run_dir: Path, mp: ManagerProcess, timeout: float = 180.0
             if all(s not in (TaskState.SUBMITTED, TaskState.CREATED) for s in states):
                 return
             if not mp.alive() or time.monotonic() - t0 > timeout:
-                raise RuntimeError(f"side tasks were not created in time (states: {[str(s) for s in states]})")
+                raise ManagerUnavailable(f"side tasks were not created in time (states: {[str(s) for s in states]}); "
+                                         f"manager log: {mp.log_tail(300)}")
             time.sleep(0.05)
     finally:
         store.close()

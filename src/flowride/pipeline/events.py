@@ -17,7 +17,9 @@ from dataclasses import asdict, dataclass
 
 @dataclass
 class BubbleEvent:
-    kind: str  # "bubble" (a bubble starts) or "busy" (the stage computes again)
+    # "bubble" (a bubble starts), "busy" (the stage computes again), or "off" / "on" (harvesting is
+    # switched off / on for a block of iterations of a paired overhead measurement)
+    kind: str
     stage: int
     type: str  # A, B, C, D (S for steady-state gaps)
     start: float  # time.monotonic() of the stage's host when the bubble started
