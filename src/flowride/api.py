@@ -58,6 +58,7 @@ class SynthOutcome:
         gap_epochs = self.search.T - self.search.lower
         return {
             "topology": topo.name,
+            "switch_model": switch_model(topo),
             "collective": self.demand.collective.value,
             "size_bytes": self.demand.size_bytes,
             "chunks": self.demand.chunks,
@@ -85,6 +86,40 @@ class SynthOutcome:
             "peak_rss_mb": _peak_rss_mb(),
             "probes": [{"T": p.T, "outcome": p.outcome, "seconds": round(p.seconds, 4), "columns": p.columns, "rows": p.rows} for p in self.search.probes],
         }
+
+
+MAX_BETA_EPOCHS = 10_000  # a chunk over more epochs than this: the epoch is far too short
+OVERRUN_SECONDS = 5.0  # what a solve may take beyond --time-limit to finish and verify its best
+SECONDS_PER_SEND = 20e-6  # building and verifying the baseline, per send (measured: 8-16 us here)
+
+
+def check_work(topo: Topology, demand: Demand, timing, time_limit: float | None) -> None:
+    """Refuse, before anything is built, work that cannot end within ``time_limit``: an epoch so
+    short that one chunk spans more than MAX_BETA_EPOCHS of them (every model and check grows
+    with it), or so many sends that even the baseline schedule cannot be built and verified in
+    time (a ring or direct schedule is what every method falls back on)."""
+    b = int(timing.beta_epochs.max()) if len(timing.beta_epochs) else 0
+    if b > MAX_BETA_EPOCHS:
+        longest = float(timing.tau) * b / MAX_BETA_EPOCHS
+        raise InputError("epoch", f"{timing.tau:.3g} s makes one chunk span {b:,} epochs (at most {MAX_BETA_EPOCHS:,})",
+                         f"use --epoch fast or slow, or an epoch of at least {longest:.3g} s")
+    hops = 1.0 if demand.collective.multicast else max(1.0, math.sqrt(len(topo.gpus)) / 2)  # direct routes cross hops
+    sends = demand.num_deliveries * hops
+    est = sends * SECONDS_PER_SEND
+    if time_limit is not None and est > time_limit + OVERRUN_SECONDS:
+        raise InputError("time_limit", f"{demand.num_deliveries:,} deliveries ({demand.chunks:,} chunks per block): even the "
+                         f"baseline schedule takes about {est:.0f} s to build and verify here, over {time_limit:g} s",
+                         f"give --time-limit {math.ceil(est * 2)} or more, or fewer --chunks")
+
+
+def switch_model(topo: Topology) -> str:
+    """How the topology's switches are modelled, for reports: the published TE-CCL model, every
+    switch copying (NVLS-class multicast), forwarding only (the physical default of most presets),
+    mixed, or none."""
+    if topo.teccl_compat:
+        return "published (teccl_compat)"
+    kinds = {topo.nodes[w].copy for w in topo.switches}
+    return {frozenset(): "no switches", frozenset({True}): "copy", frozenset({False}): "forward"}.get(frozenset(kinds), "mixed")
 
 
 def _peak_rss_mb() -> float:
@@ -148,6 +183,7 @@ def synthesize(
     if demand.collective.reduces:
         return synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, progress, t0, method, memory_limit, speedups)
     timing = epoch_timing(topo, demand.chunk_bytes, epoch)
+    check_work(topo, demand, timing, time_limit)
     D = epoch_distances(topo, timing)
 
     base_name, base = baseline_sends(topo, demand, timing)
@@ -170,6 +206,7 @@ def synthesize(
     fallback_sends, fallback_name = None, base_name
     incumbent_probes: list = []
     incumbent_timed_out = False
+    ladder: list[Retimed] = []
     if demand.collective.multicast and (method == "trees" or (method in ("auto", "milp") and speedups.incumbent)):
         # the tree construction is cheap: the method itself, or the incumbent that caps the MILP search
         trees = synthesize_trees(topo, demand, timing, left() if method == "trees" else None, progress, min(lo, hi))
@@ -177,6 +214,14 @@ def synthesize(
         incumbent_timed_out = trees.timed_out and method == "trees"
         if trees.T < hi or method == "trees":
             fallback_sends, fallback_name, hi = trees.sends, "trees", min(hi, trees.T)
+    if speedups.warm_start and hi > lo and method != "trees":
+        ladder = coarse_to_fine(topo, demand, timing, method, left(), mip_gap, threads, memory_limit, speedups, progress,
+                                fine_too_large=_fine_too_large(topo, demand, timing, hi, D))
+        same = [r for r in ladder if r.demand == demand]
+        if same:
+            best = min(same, key=lambda r: r.epochs)
+            if best.epochs < hi:
+                fallback_sends, fallback_name, hi = best.sends, best.name, best.epochs
     if chosen == "auto" and demand.collective.multicast and hi > lo:
         # then the windows (seconds, and often at the bound where the MILP would take minutes),
         # with half the time; the MILP below only has to close what gap is left
@@ -205,15 +250,14 @@ def synthesize(
 
     used = chosen
     if chosen == "milp":
-        if speedups.warm_start:
-            warm = _coarse_to_fine(topo, demand, timing, left(), mip_gap, threads, speedups)
-            if warm is not None and warm[0] < hi:
-                hi, fallback_sends, fallback_name = warm[0], warm[1], "warm start"
         sym = None
         if speedups.symmetry and demand.collective is Collective.ALLGATHER:
             from flowride.synth.symmetry import source_symmetry
 
-            sym = source_symmetry(topo)
+            budget = 1.0 if time_limit is None else min(1.0, left() / 20)  # bounded: part of the budget
+            sym = source_symmetry(topo, budget)
+            if sym is not None and sym.reduction < 1.5:
+                sym = None  # a few sources saved do not pay for a second model per probe
         start = min(lo, hi) if speedups.bounds else min(eb["latency"], hi)
         search = bisect_horizon(topo, demand, timing, start, hi, left(), mip_gap, threads, progress, D, sym, speedups.parallel)
         search.lower = max(search.lower, min(lo, search.T))  # the bounds hold whether the search began at them or not
@@ -239,6 +283,11 @@ def synthesize(
         if search.T > hi:  # the windows did worse than the trees: keep the trees
             used, search.sends, search.T = fallback_name, fallback_sends, hi
 
+    if ladder and chosen == "lp":  # the LP route may schedule another demand (pieces): compare epochs
+        best = min(ladder, key=lambda r: r.epochs)
+        if best.epochs < search.T or search.sends is None:
+            demand, used, search.sends, search.T = best.demand, best.name, best.sends, best.epochs
+            search.lower = min(search.lower, best.epochs)
     if search.sends is None:
         sched = base_sched
         used = base_name
@@ -274,24 +323,86 @@ def synthesize(
     )
 
 
-def _coarse_to_fine(topo, demand, timing, time_limit, mip_gap, threads, speedups) -> tuple[int, list] | None:
-    """The warm start: the MILP at the slow preset (fewer, longer epochs: a much smaller model),
-    its schedule retimed to ``timing``. Returns (epochs, sends), or None when the slow epochs are
-    no longer than these."""
+# The coarse-to-fine ladder: epoch lengths (multiples of the requested tau) solved first, with
+# their share of the time limit. A schedule found at long epochs, retimed to short ones, is a
+# valid schedule there (flowride.synth.greedy.retime) and an incumbent for the fine search.
+LADDER_SHARES = (0.3, 0.3)
+
+
+LADDER_LEVEL_SECONDS = 120.0  # a level's cap when the search has no time limit
+
+
+def ladder_factors(ratio: float, fine_too_large: bool) -> list[float]:
+    """Multiples of tau to solve at first, coarsest first: the slow preset's (``ratio`` =
+    slow tau / tau), and, when the fine model is too large to solve directly and the slow epochs
+    are far coarser, one between. None when tau is already coarse."""
+    if ratio < 1.5:
+        return []
+    if ratio < 4 or not fine_too_large:
+        return [ratio]
+    return [ratio, math.sqrt(ratio)]
+
+
+def _fine_too_large(topo: Topology, demand: Demand, timing, hi: int, D) -> bool:
+    """Whether the requested epochs make the direct model (MILP for AllGather, time-expanded LP
+    for AlltoAll) too large to solve as a whole."""
+    if demand.collective.multicast:
+        return milp_size(topo, demand, timing, hi, D).columns > AUTO_MILP_COLUMNS
+    from flowride.synth.budget import LP_MAX_COLUMNS, lp_size
+
+    return lp_size(topo, demand, timing, hi, D) > LP_MAX_COLUMNS
+
+
+@dataclass
+class Retimed:
+    """A schedule made at longer epochs, retimed to the requested ones and verified."""
+
+    epochs: int
+    sends: list
+    demand: Demand
+    name: str  # e.g. "milp at 10x epochs, retimed"
+
+
+def coarse_to_fine(topo: Topology, demand: Demand, timing, method: str, time_limit: float | None, mip_gap, threads,
+                   memory_limit: int, speedups: Speedups, progress: Progress | None = None,
+                   fine_too_large: bool = False) -> list[Retimed]:
+    """Solve at the ladder's longer epochs (fewer of them: far smaller models), each schedule
+    retimed to ``timing``. The fine search then starts from the best of them, so a fast-preset
+    result is never later than the slow preset's (docs/synthesis.md: up to the latency the slow
+    preset rounds to zero)."""
     from dataclasses import replace
 
     from flowride.synth.greedy import retime
     from flowride.topology.timing import resolve_tau
 
     slow_tau, _ = resolve_tau(topo, demand.chunk_bytes, "slow")
-    if slow_tau <= timing.tau * (1 + 1e-9):
-        return None
-    budget = None if time_limit is None else time_limit / 4
-    slow = synthesize(topo, demand.collective, demand.size_bytes, "slow", demand.chunks, budget, mip_gap, threads,
-                      None, "milp", speedups=replace(speedups, warm_start=False))
-    sends = retime(topo, [(x.epoch, x.link, x.source, x.chunk) for x in slow.schedule.sends], slow.schedule.timing, timing)
-    sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, sends))
-    return (int(sim.epochs), sends) if sim.valid else None
+    out: list[Retimed] = []
+    t0 = time.perf_counter()
+    for f, share in zip(ladder_factors(slow_tau / timing.tau, fine_too_large), LADDER_SHARES, strict=False):
+        if time_limit is None:
+            budget = LADDER_LEVEL_SECONDS
+        else:
+            budget = max(1e-3, min(time_limit * share, time_limit - (time.perf_counter() - t0)))
+        if progress:
+            progress({"stage": "ladder", "factor": f, "tau": timing.tau * f, "budget": budget})
+        try:
+            o = synthesize(topo, demand.collective, demand.size_bytes, timing.tau * f, demand.chunks, budget, mip_gap, threads,
+                           None, method, memory_limit, replace(speedups, warm_start=False))
+        except InputError:  # e.g. a MILP refused for memory at this level: the next level may do
+            continue
+        d = o.demand
+        fine = epoch_timing(topo, d.chunk_bytes, timing.tau)
+        try:
+            sends = retime(topo, [(x.epoch, x.link, x.source, x.chunk) for x in o.schedule.sends], o.schedule.timing, fine)
+        except ValueError:
+            continue
+        sim = simulate(Schedule.from_tuples(topo, d, timing.tau, sends))
+        if sim.valid:  # retime keeps every rule; the simulator has the last word
+            name = f"{o.schedule.meta.get('method')} at {f:.3g}x epochs, retimed"
+            out.append(Retimed(int(sim.epochs), sends, d, name))
+            if progress:
+                progress({"stage": "ladder-done", "factor": f, "epochs": int(sim.epochs), "method": name})
+    return out
 
 
 def symmetric(topo: Topology) -> bool:

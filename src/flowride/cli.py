@@ -36,7 +36,12 @@ class _Parser(argparse.ArgumentParser):
 def _topology_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", "-t", required=True, help="built-in name (see `flowride topologies`) or a topology JSON file")
     p.add_argument("--chassis", type=int, help="chassis count (ndv2, dgx2, mi250)")
-    p.add_argument("--teccl-compat", action="store_true", default=None, help="ndv2: model GPU 0 as a bufferless switch, as the published TE-CCL results did")
+    p.add_argument("--teccl-compat", action="store_true", default=None,
+                   help="the published TE-CCL model (ndv2, dgx2): every switch copies and a switch->GPU hop costs only its alpha; "
+                        "ndv2 x2 also models GPU 0 as a bufferless switch. Default: the physical model")
+    p.add_argument("--switch-copy", choices=("on", "off"),
+                   help="whether every switch can replicate a chunk (on: NVLS-class multicast; off: forwarding only). "
+                        "Default: each preset's physical model (only h100's NVSwitch copies)")
     p.add_argument("--n", type=int, help="GPU count (ring, full, switch)")
     p.add_argument("--rows", type=int, help="rows (mesh, torus)")
     p.add_argument("--cols", type=int, help="columns (mesh, torus)")
@@ -46,21 +51,32 @@ def _topology_args(p: argparse.ArgumentParser) -> None:
 
 def _load_topology(a: argparse.Namespace):
     from flowride.topology import build_topology, load_topology
+    from flowride.topology.builtins import BUILTINS
 
     name = a.topology
     if name.endswith(".json") or Path(name).is_file():
         extra = [k for k in ("chassis", "teccl_compat", "n", "rows", "cols", "bandwidth", "alpha_us") if getattr(a, k) is not None]
         if extra:
             raise InputError(f"--{extra[0].replace('_', '-')}", "does not apply to a topology file", "edit the JSON instead")
-        return load_topology(name)
-    params = {k: getattr(a, k) for k in ("chassis", "teccl_compat", "n", "rows", "cols", "bandwidth", "alpha_us")}
-    params = {k: v for k, v in params.items() if v is not None}
-    try:
-        return build_topology(name, **params)
-    except InputError as e:
-        if e.field in params:
-            raise InputError(f"--{e.field.replace('_', '-')}", e.problem, e.fix) from None
-        raise
+        topo = load_topology(name)
+    else:
+        params = {k: getattr(a, k) for k in ("chassis", "teccl_compat", "n", "rows", "cols", "bandwidth", "alpha_us")}
+        params = {k: v for k, v in params.items() if v is not None}
+        if params.get("teccl_compat") and name in BUILTINS and "teccl_compat" not in BUILTINS[name].params:
+            with_model = ", ".join(n for n, spec in BUILTINS.items() if "teccl_compat" in spec.params)
+            raise InputError("--teccl-compat", f"{name} has no published TE-CCL model", f"the published results cover {with_model}")
+        try:
+            topo = build_topology(name, **params)
+        except InputError as e:
+            if e.field in params:
+                raise InputError(f"--{e.field.replace('_', '-')}", e.problem, e.fix) from None
+            raise
+    copy = getattr(a, "switch_copy", None)
+    if copy is not None:
+        if not topo.switches:
+            raise InputError("--switch-copy", f"{topo.name} has no switches", "leave --switch-copy out")
+        topo = topo.with_switch_copy(copy == "on")
+    return topo
 
 
 def _epoch(text: str) -> str | float:
@@ -143,6 +159,8 @@ def _result_table(rep: dict) -> Table:
     t = Table(title=f"{rep['collective']} {format_size(rep['size_bytes'])} on {rep['topology']} ({rep['gpus']} GPUs)")
     t.add_column("metric")
     t.add_column("value", justify="right")
+    if rep.get("switch_model", "no switches") != "no switches":
+        t.add_row("switch model", rep["switch_model"])
     t.add_row("finish time", f"{rep['finish_time_us']:.3f} us  ({rep['epochs']} epochs x {rep['epoch_duration_us']:.4g} us)")
     t.add_row("algorithmic bandwidth", f"{rep['algbw_GBps']:.3f} GB/s")
     t.add_row("lower bound", f"{rep['lower_bound_us']:.3f} us ({rep['lower_bound_kind']}); ratio {rep['ratio_to_lower_bound']:.3f}")

@@ -65,8 +65,9 @@ def entering(demand: Demand, inside: frozenset[int]) -> int:
 
 
 def lower_bounds(topo: Topology, demand: Demand, time_limit: float | None = None) -> Bounds:
-    """Every bound of the collective. ``time_limit`` caps the static LP of the flow bound (large
-    topologies, once per topology: it is cached); cut short, that bound is left out (0)."""
+    """Every bound of the collective. ``time_limit`` caps the fluid bounds (forest, flow), which
+    are anytime: cut short they stay sound, only weaker (:func:`~flowride.synth.trees.forest_bound`,
+    :func:`~flowride.synth.lp_static.flow_bound_s`); both are cached per topology."""
     if demand.collective is Collective.ALLREDUCE:
         rs = lower_bounds(topo, make_demand(topo, Collective.REDUCESCATTER, demand.size_bytes, demand.chunks))
         ag = lower_bounds(topo, make_demand(topo, Collective.ALLGATHER, demand.size_bytes, demand.chunks))
@@ -93,20 +94,20 @@ def lower_bounds(topo: Topology, demand: Demand, time_limit: float | None = None
             lat = max(lat, float(A[q.source, d]))
     forest = flow = 0.0
     if demand.collective.multicast:
-        forest = _forest_s(topo, demand, reverse=False)
+        forest = _forest_s(topo, demand, reverse=False, time_limit=time_limit)
     elif demand.collective is Collective.ALLTOALL:
-        from flowride.synth.lp_static import concurrent_flow
+        from flowride.synth.lp_static import flow_bound_s
 
-        flow = concurrent_flow(topo, time_limit).finish_s(demand.chunk_bytes * demand.chunks)
+        flow = flow_bound_s(topo, demand.chunk_bytes * demand.chunks, time_limit)
     return Bounds(ingress, cut, max(0.0, lat - 1e-12), forest, flow)
 
 
-def _forest_s(topo: Topology, demand: Demand, reverse: bool) -> float:
+def _forest_s(topo: Topology, demand: Demand, reverse: bool, time_limit: float | None = None) -> float:
     """ForestColl's bound for the whole block of each GPU, less a hair so a schedule that meets
     it exactly is not reported below its floor by rounding."""
     from flowride.synth.trees import forest_bound
 
-    return max(0.0, forest_bound(topo, reverse).seconds(demand.chunk_bytes * demand.chunks) * (1 - 1e-9))
+    return max(0.0, forest_bound(topo, reverse, time_limit).seconds(demand.chunk_bytes * demand.chunks) * (1 - 1e-9))
 
 
 def _alpha_distances(topo: Topology) -> np.ndarray:

@@ -22,23 +22,65 @@ Send = tuple[int, int, int, int]  # (epoch, link, source GPU, chunk)
 
 
 class LinkBook:
-    """Chunks started per (link, epoch), checked against every b+1 window."""
+    """Chunks started per (link, epoch), checked against every b+1 window. One growing numpy row
+    per link: the list schedulers ask ``fits`` millions of times on 512-GPU instances, and
+    ``next_open`` lets a search jump over epochs a link has full (a full epoch is in every window
+    around it, so nothing starts there)."""
 
     def __init__(self, timing: EpochTiming) -> None:
         self.timing = timing
-        self.used: dict[int, dict[int, int]] = defaultdict(dict)
+        self._b = timing.beta_epochs.astype(np.int64)
+        self._cap = timing.window_cap.astype(np.int64)
+        self._rows: dict[int, np.ndarray] = {}
+        self._open: dict[int, int] = {}  # per link: every epoch below this one is full
+
+    def count(self, link: int, k: int) -> int:
+        row = self._rows.get(link)
+        return int(row[k]) if row is not None and 0 <= k < len(row) else 0
 
     def fits(self, link: int, k: int) -> bool:
-        b = int(self.timing.beta_epochs[link])
-        cap = int(self.timing.window_cap[link])
-        u = self.used[link]
-        for start in range(k - b, k + 1):
-            if sum(u.get(j, 0) for j in range(start, start + b + 1)) + 1 > cap:
-                return False
-        return True
+        cap = int(self._cap[link])
+        row = self._rows.get(link)
+        if row is None:
+            return cap >= 1
+        b = int(self._b[link])
+        if b == 0:
+            return (int(row[k]) if k < len(row) else 0) < cap
+        lo, hi = max(0, k - b), min(len(row), k + b + 1)
+        w = np.zeros(2 * b + 1, dtype=np.int64)  # epochs k-b .. k+b
+        if hi > lo:
+            w[lo - (k - b): hi - (k - b)] = row[lo:hi]
+        c = np.concatenate(([0], np.cumsum(w)))
+        return int((c[b + 1:] - c[: -b - 1]).max()) + 1 <= cap  # every window start k-b .. k
+
+    def next_open(self, link: int, k: int) -> int:
+        """The first epoch >= k the link does not have full (no start fits before it)."""
+        row = self._rows.get(link)
+        k = max(k, self._open.get(link, 0))
+        if row is None or k >= len(row):
+            return k
+        free = np.flatnonzero(row[k:] < self._cap[link])
+        return k + int(free[0]) if free.size else len(row)
 
     def take(self, link: int, k: int) -> None:
-        self.used[link][k] = self.used[link].get(k, 0) + 1
+        row = self._rows.get(link)
+        if row is None or k >= len(row):
+            grown = np.zeros(max(64, 2 * (k + 1)), dtype=np.int32)
+            if row is not None:
+                grown[: len(row)] = row
+            self._rows[link] = row = grown
+        row[k] += 1
+        o = self._open.get(link, 0)
+        if k == o and row[k] >= self._cap[link]:  # lists fill links mostly in epoch order
+            cap = self._cap[link]
+            while o < len(row) and row[o] >= cap:
+                o += 1
+            self._open[link] = o
+
+    def release(self, link: int, k: int) -> None:
+        self._rows[link][k] -= 1
+        if k < self._open.get(link, 0):
+            self._open[link] = k
 
 
 def _routes(topo: Topology, timing: EpochTiming) -> np.ndarray:
@@ -90,7 +132,7 @@ class GreedyScheduler:
                     self.book.take(li, ek)
                     self.sends.append((ek, li, s, c))
                 return e
-            k += 1
+            k += max(1, self.book.next_open(li, e) - e)  # hop offsets are fixed: shift to li's next open epoch
 
     def transfer(self, s: int, c: int, u: int, v: int) -> int:
         """Move chunk (s, c) from GPU u (which holds it) to GPU v along a fewest-epoch path."""
@@ -259,8 +301,9 @@ def retime(topo: Topology, sends: list[Send], made_at: EpochTiming, timing: Epoc
             else:
                 break
             for lk, ek in placed:
-                book.used[lk][ek] -= 1
-            k += 1
+                book.release(lk, ek)
+            bad = tree[len(placed)]
+            k += max(1, book.next_open(bad[0], k + bad[1]) - (k + bad[1]))
         for lk, ek in placed:
             out.append((ek, lk, s, c))
             v = topo.links[lk].dst

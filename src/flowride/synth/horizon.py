@@ -28,62 +28,93 @@ Progress = Callable[[dict], None]
 
 def _arrivals_between(timing: EpochTiming, link: int, A: int, T: int) -> int:
     """Most chunks that can arrive over ``link`` with arrival epoch in [A, T]."""
-    first = 1 if timing.src_is_switch[link] else 0  # a switch forwards only what arrived
-    d = int(timing.hop_delay[link])
-    n = T - d - max(A - d, first) + 1
-    if n <= 0:
-        return 0
-    b = int(timing.beta_epochs[link])
-    return math.ceil(n / (b + 1)) * int(timing.window_cap[link])
+    return int(_arrivals(timing, np.array([link]), np.array([A]), np.array([T]))[0])
 
 
-def _last_entry_epoch(links: list[int], releases: list[int], timing: EpochTiming) -> int:
+def _arrivals(timing: EpochTiming, links: np.ndarray, A: np.ndarray, T: np.ndarray) -> np.ndarray:
+    """Most chunks that can arrive over all of ``links`` together with arrival epoch in [A, T],
+    for each (A, T) pair: each link starts chunks from epoch ``first`` on (1 behind a switch: it
+    forwards only what arrived), at most window_cap per b + 1 epochs, and delivers d later."""
+    first = timing.src_is_switch[links].astype(np.int64)[None, :]
+    d = timing.hop_delay[links].astype(np.int64)[None, :]
+    b = timing.beta_epochs[links].astype(np.int64)[None, :]
+    cap = timing.window_cap[links].astype(np.int64)[None, :]
+    n = T[:, None] - d - np.maximum(A[:, None] - d, first) + 1
+    per = -(-np.maximum(n, 0) // (b + 1)) * cap
+    return per.sum(axis=1)
+
+
+def _last_entry_epoch(links: list[int], releases: np.ndarray, timing: EpochTiming) -> int:
     """Earliest epoch by which all chunks with the given earliest arrivals can have crossed
     ``links``: for every threshold A, the chunks that cannot arrive before A must fit the
-    arrival slots in [A, T]."""
-    if not releases:
+    arrival slots in [A, T]. Vectorized over thresholds, binary search on T (arrivals grow with T)."""
+    releases = np.asarray(releases, dtype=np.int64)
+    if releases.size == 0:
         return 0
-    rel = sorted(releases, reverse=True)
-    thresholds = sorted(set(rel))
-    later = {A: sum(1 for r in rel if r >= A) for A in thresholds}
-    T = rel[0]
-    while any(sum(_arrivals_between(timing, li, A, T) for li in links) < later[A] for A in thresholds if A <= T):
-        T += 1
-    return T
+    lk = np.asarray(links, dtype=np.int64)
+    A, counts = np.unique(releases, return_counts=True)
+    later = counts[::-1].cumsum()[::-1]  # chunks released at A or after
+    T0 = int(A[-1])
+    capsum = int(timing.window_cap[lk].sum())
+    span = int(timing.hop_delay[lk].max()) + 1 + int(timing.beta_epochs[lk].max() + 1) * (-(-int(later[0]) // max(capsum, 1)) + 1)
+    lo = np.full(A.shape, T0, dtype=np.int64)  # smallest T that may do, per threshold
+    hi = np.full(A.shape, T0 + span, dtype=np.int64)  # a T that does (shown in the docstring's count)
+    while (lo < hi).any():
+        mid = (lo + hi) // 2
+        ok = _arrivals(timing, lk, A, mid) >= later
+        hi = np.where(ok, mid, hi)
+        lo = np.where(ok, lo, mid + 1)
+    return int(hi.max())
 
 
-def cut_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray, inside: set[int]) -> int:
+class _Needs:
+    """The demand as arrays, built once per bound: each commodity's source and its destinations
+    (a sparse commodity x node incidence), so a cut's entering chunks are a few numpy ops."""
+
+    def __init__(self, topo: Topology, demand: Demand):
+        from scipy import sparse
+
+        self.source = np.array([q.source for q in demand.commodities], dtype=np.int64)
+        lens = np.array([len(q.dests) for q in demand.commodities], dtype=np.int64)
+        cols = np.fromiter((d for q in demand.commodities for d in q.dests), dtype=np.int64, count=int(lens.sum()))
+        rows = np.repeat(np.arange(len(lens)), lens)
+        self.M = sparse.csc_matrix((np.ones(len(cols), dtype=np.int64), (rows, cols)), shape=(len(lens), topo.num_nodes))
+
+
+def cut_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray, inside: set[int],
+              needs: _Needs | None = None) -> int:
     """Epochs needed to bring every chunk that must enter ``inside`` across its boundary, plus the
     epochs the last one then needs to reach every GPU inside that wants it (from the entry point
     nearest to each)."""
     into = [i for i, lk in enumerate(topo.links) if lk.dst in inside and lk.src not in inside]
     if not into:
         return 0
+    nd = needs or _Needs(topo, demand)
     tails = np.array([topo.links[i].src for i in into])
     heads = sorted({topo.links[i].dst for i in into})
-    delays = timing.hop_delay[into]
-    releases: list[int] = []
-    spread = None
-    for q in demand.commodities:
-        if q.source in inside:
-            continue
-        ds = [d for d in q.dests if d in inside]
-        if not ds:
-            continue
-        rho = int((D[q.source, tails] + delays).min())
-        # after its first entry a chunk still has to reach every destination inside, from the
-        # nearest entry point (copies may cross several boundary links)
-        to_dest = D[np.ix_(heads, ds)].min(axis=0)
-        if demand.collective is Collective.ALLGATHER:
-            releases.append(rho)  # one copy must enter; more may, through other links
-            need = int(to_dest.max())
-        else:
-            releases.extend([rho] * len(ds))
-            need = int(to_dest.min())
-        spread = need if spread is None else min(spread, need)
-    if not releases:
+    ins = np.array(sorted(inside), dtype=np.int64)
+    MI = nd.M[:, ins]  # commodity x inside node
+    per_q = np.asarray(MI.sum(axis=1)).ravel()
+    outside = ~np.isin(nd.source, ins)
+    q = np.flatnonzero(outside & (per_q > 0))
+    if q.size == 0:
         return 0
-    return _last_entry_epoch(into, releases, timing) + int(spread or 0)
+    rho = (D[:, tails] + timing.hop_delay[into][None, :]).min(axis=1)[nd.source[q]].astype(np.int64)
+    # after its first entry a chunk still has to reach every destination inside, from the
+    # nearest entry point (copies may cross several boundary links)
+    E = D[np.ix_(heads, ins)].min(axis=0).astype(np.int64)  # per inside node
+    sub = MI[q].tocsr()
+    rows = np.repeat(np.arange(len(q)), np.diff(sub.indptr))
+    dist = E[sub.indices]
+    if demand.collective is Collective.ALLGATHER:
+        releases = rho  # one copy must enter; more may, through other links
+        need = np.full(len(q), np.iinfo(np.int64).min)
+        np.maximum.at(need, rows, dist)
+    else:
+        releases = np.repeat(rho, per_q[q])
+        need = np.full(len(q), np.iinfo(np.int64).max)
+        np.minimum.at(need, rows, dist)
+    return _last_entry_epoch(into, releases, timing) + int(need.min())
 
 
 def epoch_lower_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray | None = None,
@@ -94,9 +125,11 @@ def epoch_lower_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np
     bound (see :func:`flowride.synth.lp_static.concurrent_flow`)."""
     if D is None:
         D = epoch_distances(topo, timing)
-    lat = max(int(D[q.source, d]) for q in demand.commodities for d in q.dests)
-    ingress = max(cut_bound(topo, demand, timing, D, {g}) for g in demand.needs())
-    cut = max((cut_bound(topo, demand, timing, D, set(inside)) for inside in topo.cut_sets()), default=0)
+    needs = _Needs(topo, demand)
+    coo = needs.M.tocoo()
+    lat = int(D[needs.source[coo.row], coo.col].max())
+    ingress = max(cut_bound(topo, demand, timing, D, {int(g)}, needs) for g in np.flatnonzero(needs.M.getnnz(axis=0)))
+    cut = max((cut_bound(topo, demand, timing, D, set(inside), needs) for inside in topo.cut_sets()), default=0)
     out = {"latency": lat, "ingress": ingress, "cut": cut}
     if not topo.teccl_compat and not demand.collective.reduces:
         # ForestColl's cut over every node set (AllGather), the maximum concurrent flow (AlltoAll).
@@ -108,11 +141,11 @@ def epoch_lower_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np
         if demand.collective.multicast:
             from flowride.synth.trees import forest_bound
 
-            kind, fluid = "forest", forest_bound(topo).seconds(block)
+            kind, fluid = "forest", forest_bound(topo, time_limit=time_limit).seconds(block)
         else:
-            from flowride.synth.lp_static import concurrent_flow
+            from flowride.synth.lp_static import flow_bound_s
 
-            kind, fluid = "flow", concurrent_flow(topo, time_limit).finish_s(block)
+            kind, fluid = "flow", flow_bound_s(topo, block, time_limit)
         out[kind] = max(0, int(math.ceil(fluid / timing.tau - 1e-6)) - 1)
     return out
 
@@ -151,8 +184,10 @@ class Speedups:
       ring or direct baseline does);
     - ``bounds``: the search starts at the tight epoch bounds (ingress, chassis cuts, forest or
       flow); off: at the latency bound;
-    - ``warm_start``: coarse to fine: the slow preset's schedule, retimed to the requested
-      epochs (:func:`flowride.synth.greedy.retime`), caps the search and starts any probe it fits;
+    - ``warm_start``: coarse to fine: the schedules found at the slow preset's epochs and one
+      length between (:func:`flowride.api.coarse_to_fine`), retimed to the requested epochs
+      (:func:`flowride.synth.greedy.retime`), cap every method's search; so the fast preset never
+      ends later than the slow one (up to latency the slow preset rounds to zero);
     - ``symmetry``: each probe first tries the model of the orbit representatives only
       (:mod:`flowride.synth.symmetry`); only infeasibility needs the full model;
     - ``parallel``: two probes at once, one solver thread each (highspy releases the GIL).
@@ -160,7 +195,7 @@ class Speedups:
 
     incumbent: bool = True
     bounds: bool = True
-    warm_start: bool = False
+    warm_start: bool = True
     symmetry: bool = True
     parallel: bool = False
 
@@ -233,6 +268,10 @@ def _probe(topo, demand, timing, T, D, remaining, mip_gap, threads, sym) -> tupl
     return outcome, sends, probes, secs
 
 
+FIRST_PROBE_SHARE = 0.3  # the probe at the lower bound (often feasible at once) gets this share
+PROBE_SHARE = 0.5  # any later probe gets at most this share of what is left
+
+
 def bisect_horizon(
     topo: Topology,
     demand: Demand,
@@ -247,37 +286,52 @@ def bisect_horizon(
     sym=None,
     parallel: bool = False,
 ) -> SearchResult:
-    """Smallest T in [lo, hi] whose probe is feasible; ``hi`` is known feasible (a baseline).
-    ``sym``: a :class:`~flowride.synth.symmetry.SourceSymmetry` whose model each probe tries
-    first; ``parallel``: two probes at a time (the lower end and the middle first, then the
-    thirds of what is left), one solver thread each."""
+    """Smallest T in [lo, hi] whose probe is feasible; ``hi`` is known feasible (a baseline or an
+    incumbent). ``sym``: a :class:`~flowride.synth.symmetry.SourceSymmetry` whose model each probe
+    tries first; ``parallel``: two probes at a time (the lower end and the middle first, then the
+    thirds of what is left), one solver thread each.
+
+    Anytime: under a time limit no probe may take the whole budget. The first probe, at the lower
+    bound (often tight: then it closes the search at once), gets FIRST_PROBE_SHARE of it; later
+    ones at most PROBE_SHARE of what is left. A probe that runs out of time proves nothing, but
+    says the horizons at and below it are hard: the search goes on between it and the best
+    schedule found (closer to a feasible horizon, where solutions are easier to find), so the
+    budget keeps improving the schedule instead of stopping at the first hard probe."""
     if D is None:
         D = epoch_distances(topo, timing)
     t0 = time.perf_counter()
     res = SearchResult(None, hi, lo, False)
     first = True
+    hard: int | None = None  # highest horizon whose probe ran out of time (it and those below: hard)
     while lo < hi:
+        floor = lo if hard is None else max(lo, hard + 1)
+        if floor >= hi:  # everything left to try is at or below a horizon that was too hard
+            res.timed_out = True
+            break
         # The bounds are often tight: try the lower end first, then bisect (or trisect).
-        if parallel and hi - lo >= 2:
-            pts = [lo, (lo + hi) // 2] if first else sorted({lo + (hi - lo) // 3, lo + 2 * (hi - lo) // 3})
+        if parallel and hi - floor >= 2:
+            pts = [floor, (floor + hi) // 2] if first else sorted({floor + (hi - floor) // 3, floor + 2 * (hi - floor) // 3})
         else:
-            pts = [lo if first else (lo + hi) // 2]
-        first = False
+            pts = [floor if first else (floor + hi) // 2]
         remaining = None if time_limit is None else time_limit - (time.perf_counter() - t0)
         if remaining is not None and remaining <= 0:
             res.timed_out = True
             break
+        cap = None if remaining is None else remaining * (FIRST_PROBE_SHARE if first else PROBE_SHARE)
+        if cap is not None and hard is None and not first and lo >= hi - 1:
+            cap = remaining  # the last horizon left: it may have all there is
+        first = False
         if progress:
             for T in pts:
                 progress({"stage": "probe", "T": T, "lo": lo, "hi": hi, "elapsed": time.perf_counter() - t0})
         if len(pts) == 1:
-            results = [_probe(topo, demand, timing, pts[0], D, remaining, mip_gap, threads, sym)]
+            results = [_probe(topo, demand, timing, pts[0], D, cap, mip_gap, threads, sym)]
         else:
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(len(pts)) as pool:
-                results = list(pool.map(lambda T, rem=remaining: _probe(topo, demand, timing, T, D, rem, mip_gap, 1, sym), pts))
-        stop = None
+                results = list(pool.map(lambda T, rem=cap: _probe(topo, demand, timing, T, D, rem, mip_gap, 1, sym), pts))
+        gave_up = False
         for T, (outcome, sends, probes, secs) in zip(pts, results, strict=True):
             res.probes.extend(probes)
             res.solver_seconds += secs
@@ -285,14 +339,17 @@ def bisect_horizon(
                 res.sends, hi = sends, T
             elif outcome == "infeasible":
                 lo = max(lo, T + 1)
-            elif outcome not in ("feasible", "infeasible"):
-                stop = outcome  # out of time, or the solver gave up: keep the best schedule, unproven
+            elif outcome == "timeout":
+                hard = T if hard is None else max(hard, T)  # at and below it: too hard for this budget
+            elif outcome != "feasible":
+                gave_up = True  # the solver stopped for another reason: keep the best schedule, unproven
             if progress:
                 progress({"stage": "probed", "T": T, "outcome": outcome, "lo": lo, "hi": hi, "elapsed": time.perf_counter() - t0})
-        if stop is not None and lo < hi:
-            res.timed_out = stop == "timeout"
-            res.gave_up = not res.timed_out
+        if gave_up and lo < hi:
+            res.gave_up = True
             break
+    if hard is not None and lo < hi:
+        res.timed_out = True
     res.T = hi
     res.lower = min(lo, hi)
     return res

@@ -600,9 +600,9 @@ def _place(book: LinkBook, timing: EpochTiming, links: list[int], ready: int, pr
         else:
             return epochs, e
         for li, ek in zip(links, epochs, strict=False):
-            book.used[li][ek] -= 1
+            book.release(li, ek)
         if start == k:
-            k += 1
+            k += max(1, book.next_open(li, e) - e)  # hop offsets are fixed: shift to li's next open epoch
 
 
 def schedule_paths(

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from networkx.algorithms.isomorphism import DiGraphMatcher
+from networkx.algorithms.isomorphism import vf2pp_all_isomorphisms
 
 from flowride.topology.model import Topology
 
@@ -46,18 +46,29 @@ class SourceSymmetry:
 
 
 def _graph(topo: Topology, pinned: int):
+    """The topology's graph with one label per node that every automorphism fixing the pinned
+    GPU must preserve: kind, copy, pinned or not, and the multisets of (bandwidth, latency) of its
+    out- and in-links (so that link speeds are matched by the node labels VF2++ prunes with)."""
     g = topo.graph.copy()
     for v in g.nodes:
-        g.nodes[v]["pin"] = v == pinned
+        outs = sorted((d["bandwidth_GBps"], d["alpha_s"]) for _, _, d in g.out_edges(v, data=True))
+        ins = sorted((d["bandwidth_GBps"], d["alpha_s"]) for _, _, d in g.in_edges(v, data=True))
+        g.nodes[v]["label"] = (g.nodes[v]["kind"], g.nodes[v]["copy"], v == pinned, tuple(outs), tuple(ins))
     return g
 
 
-def _node_match(a: dict, b: dict) -> bool:
-    return a["kind"] == b["kind"] and a["copy"] == b["copy"] and a["pin"] == b["pin"]
-
-
-def _edge_match(a: dict, b: dict) -> bool:
-    return a["bandwidth_GBps"] == b["bandwidth_GBps"] and a["alpha_s"] == b["alpha_s"]
+def _links_match(topo: Topology, iso: dict[int, int]) -> np.ndarray | None:
+    """The link map of a node isomorphism, or None if some link lands on one of another speed."""
+    out = np.empty(len(topo.links), dtype=np.int64)
+    for i, lk in enumerate(topo.links):
+        j = topo.link_index.get((iso[lk.src], iso[lk.dst]))
+        if j is None:
+            return None
+        other = topo.links[j]
+        if (other.bandwidth_GBps, other.alpha_s) != (lk.bandwidth_GBps, lk.alpha_s):
+            return None
+        out[i] = j
+    return out
 
 
 def source_symmetry(topo: Topology, time_limit: float = 5.0) -> SourceSymmetry | None:
@@ -85,9 +96,14 @@ def source_symmetry(topo: Topology, time_limit: float = 5.0) -> SourceSymmetry |
         for v in gpus:
             if v in rep_of or time.perf_counter() - t0 > time_limit:
                 continue
-            m = DiGraphMatcher(g1, _graph(topo, v), node_match=_node_match, edge_match=_edge_match)
-            for n_tried, iso in enumerate(m.isomorphisms_iter()):
-                lm = np.array([topo.link_index[(iso[lk.src], iso[lk.dst])] for lk in topo.links])
+            # VF2++ (networkx): node-labelled, with a matching order that finds automorphisms of
+            # highly symmetric graphs (a switch's star) at once, where VF2 could search for minutes
+            for n_tried, iso in enumerate(vf2pp_all_isomorphisms(g1, _graph(topo, v), node_label="label")):
+                lm = _links_match(topo, iso)
+                if lm is None:
+                    if n_tried >= MAX_TRIES or time.perf_counter() - t0 > time_limit:
+                        break
+                    continue
                 # images that never share a link (translations of a torus, rotations of a
                 # ring): one send of r's chunk then stands for sends on distinct links
                 if not taken[ident, lm].any():

@@ -23,16 +23,15 @@ the reversed links (duality; see :mod:`flowride.schedule.reduce`).
 from __future__ import annotations
 
 import heapq
+import time
 from dataclasses import dataclass
 
-import networkx as nx
 import numpy as np
 import scipy.sparse as sp
-from scipy.sparse.csgraph import dijkstra
+from scipy.sparse.csgraph import breadth_first_order, dijkstra, maximum_flow
 
 from flowride.topology.model import Topology
 
-_SRC = "source"
 _REL = 1e-9
 
 
@@ -43,6 +42,7 @@ class ForestBound:
     gpus_outside: int
     bandwidth_in_Bps: float
     rounds: int
+    complete: bool = True  # False: cut short by its time limit (still sound, maybe weaker)
 
     def seconds(self, block_bytes: float) -> float:
         """Finish-time floor for blocks of ``block_bytes`` (AllGather: output / ranks)."""
@@ -50,51 +50,79 @@ class ForestBound:
 
 
 _CACHE: dict[tuple, ForestBound] = {}
+FOREST_SECONDS = 20.0  # the bound's own cap: on a 1024-GPU torus a round is ~1k max-flows
 
 
-def forest_bound(topo: Topology, reverse: bool = False) -> ForestBound:
+def forest_bound(topo: Topology, reverse: bool = False, time_limit: float | None = None) -> ForestBound:
     """The best common per-root rate of an AllGather on ``topo`` (``reverse``: on its reversed
-    links, i.e. the ReduceScatter floor). Cached per link set: every report asks for it, and on a
-    256-GPU torus one evaluation is a few hundred max-flows."""
+    links, i.e. the ReduceScatter floor). Cached per link set: every report asks for it.
+
+    Anytime: every x the iteration holds is the ratio of a real cut, so stopping early (after
+    ``time_limit`` seconds, at most FOREST_SECONDS) still gives a sound, if weaker, bound; such a
+    result says ``complete=False`` and is not cached."""
     key = (topo.gpus, tuple((lk.src, lk.dst, lk.bytes_per_s) for lk in topo.links), reverse)
-    if key not in _CACHE:
+    if key in _CACHE:
+        return _CACHE[key]
+    budget = FOREST_SECONDS if time_limit is None else min(FOREST_SECONDS, time_limit)
+    out = _forest_bound(topo, reverse, time.perf_counter() + budget)
+    if out.complete:
         if len(_CACHE) > 64:
             _CACHE.clear()
-        _CACHE[key] = _forest_bound(topo, reverse)
-    return _CACHE[key]
+        _CACHE[key] = out
+    return out
 
 
-def _forest_bound(topo: Topology, reverse: bool) -> ForestBound:
-    gpus = list(topo.gpus)
-    n = len(gpus)
-    g = nx.DiGraph()
-    for lk in topo.links:
-        u, v = (lk.dst, lk.src) if reverse else (lk.src, lk.dst)
-        g.add_edge(u, v, capacity=lk.bytes_per_s)
-    into = {v: sum(d["capacity"] for _, _, d in g.in_edges(v, data=True)) for v in gpus}
-    best = min(gpus, key=lambda v: into[v])
+_SCALE_TOTAL = 2.0**28  # integer capacities for scipy's max-flow: the whole graph's within int32
+_VIOLATION = 1e-4  # relative shortfall of a max-flow that counts as a violated cut (integer rounding)
+
+
+def _forest_bound(topo: Topology, reverse: bool, deadline: float) -> ForestBound:
+    gpus = np.array(topo.gpus, dtype=np.int64)
+    n, N = len(gpus), topo.num_nodes
+    tail, head = topo.link_ends
+    if reverse:
+        tail, head = head, tail
+    cap = np.array([lk.bytes_per_s for lk in topo.links], dtype=float)
+    into = np.bincount(head, weights=cap, minlength=N)
+    best = int(gpus[np.argmin(into[gpus])])
     x = into[best] / (n - 1)
-    binding = (frozenset([best]), n - 1, into[best])
-    rounds = 0
-    while True:
+    binding = (frozenset([best]), n - 1, float(into[best]))
+    scale = _SCALE_TOTAL / max(cap.sum(), n * x)
+    link_cap = np.floor(cap * scale).astype(np.int32)  # rounding down only weakens a test, never the bound
+    rows = np.concatenate([tail, np.full(n, N)])  # node N: the super source
+    cols = np.concatenate([head, gpus])
+    rounds, complete = 0, True
+    while complete:
         rounds += 1
-        for v in gpus:
-            g.add_edge(_SRC, v, capacity=x)
+        xi = int(np.floor(x * scale))
+        C = sp.csr_matrix((np.concatenate([link_cap, np.full(n, xi, dtype=np.int32)]), (rows, cols)), shape=(N + 1, N + 1))
+        C.sum_duplicates()
         worst = None
         for v in gpus:
-            value, (_, sink_side) = nx.minimum_cut(g, _SRC, v)
-            if value < n * x * (1 - _REL):
-                inside = frozenset(u for u in sink_side if u != _SRC)
-                outside_gpus = n - sum(1 for u in gpus if u in inside)
-                bw_in = sum(d["capacity"] for a, b, d in g.edges(data=True) if a != _SRC and b in inside and a not in inside)
-                ratio = bw_in / outside_gpus
-                if worst is None or ratio < worst[0]:
-                    worst = (ratio, inside, outside_gpus, bw_in)
+            if time.perf_counter() > deadline:
+                complete = False
+                break
+            res = maximum_flow(C, N, int(v))
+            if res.flow_value >= n * xi * (1 - _VIOLATION):
+                continue
+            resid = (C - res.flow).tocsr()
+            resid.data[resid.data < 0] = 0
+            resid.eliminate_zeros()
+            sink_side = np.ones(N + 1, dtype=bool)
+            sink_side[breadth_first_order(resid, N, directed=True, return_predecessors=False)] = False
+            inside = sink_side[:N]
+            outside_gpus = n - int(inside[gpus].sum())
+            if outside_gpus == 0:
+                continue
+            bw_in = float(cap[inside[head] & ~inside[tail]].sum())  # exact, from the real capacities
+            ratio = bw_in / outside_gpus
+            if worst is None or ratio < worst[0]:
+                worst = (ratio, frozenset(np.flatnonzero(inside).tolist()), outside_gpus, bw_in)
         if worst is None or worst[0] >= x * (1 - _REL):
             break
         x = worst[0]
         binding = worst[1:]
-    return ForestBound(x, binding[0], binding[1], binding[2], rounds)
+    return ForestBound(float(x), binding[0], binding[1], binding[2], rounds, complete)
 
 
 # ------------------------------------------------------------------ construction

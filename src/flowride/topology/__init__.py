@@ -6,6 +6,7 @@ from flowride.topology.builtins import (
     dgx1,
     dgx2,
     full,
+    h100,
     mesh,
     mi250,
     ndv2,
@@ -19,6 +20,6 @@ from flowride.topology.timing import EpochTiming, epoch_timing
 
 __all__ = [
     "BUILTINS", "EpochTiming", "Link", "Node", "Topology", "build_topology", "dgx1", "dgx2", "epoch_timing",
-    "full", "load_topology", "mesh", "mi250", "ndv2", "ring", "save_topology", "switch", "topology_from_dict",
+    "full", "h100", "load_topology", "mesh", "mi250", "ndv2", "ring", "save_topology", "switch", "topology_from_dict",
     "topology_to_dict", "torus",
 ]

@@ -3,6 +3,14 @@ alpha in seconds; each builder's docstring gives its source).
 
 Every builder returns a validated :class:`Topology`. Node ids: GPUs first (chassis-major), then
 switches. ``BUILTINS`` maps a name to its builder and the parameters it accepts.
+
+Switch copy. Whether a switch can replicate a chunk onto several out-links is part of every
+switch. The physical default is no: first- and second-generation NVSwitch (DGX-2, DGX A100),
+InfiniBand and NIC switches forward what they receive, and NCCL's collectives do not use
+InfiniBand multicast. Third-generation NVSwitch with NVLink SHARP (NVLS, H100-class HGX) does
+replicate; the ``h100`` preset has it. The published TE-CCL results model every switch as able to
+copy: ``teccl_compat=True`` (the CLI's ``--teccl-compat``) builds that published model, and
+``--switch-copy on|off`` sets any topology's switches either way.
 """
 
 from __future__ import annotations
@@ -106,7 +114,8 @@ def ndv2(chassis: int = 2, teccl_compat: bool = False) -> Topology:
 
     ``teccl_compat`` reproduces the published TE-CCL model for >= 2 chassis: global GPU 0 is a
     bufferless copy-capable switch with no demand of its own, the buffer is still split 16
-    (8 x chassis) ways, and a switch -> GPU hop costs only its alpha.
+    (8 x chassis) ways, and a switch -> GPU hop costs only its alpha. The NIC switch of >= 3
+    chassis copies in that model; physically (the default) an InfiniBand switch forwards.
     """
     chassis = _positive(chassis, "chassis")
     b = _Builder()
@@ -124,7 +133,7 @@ def ndv2(chassis: int = 2, teccl_compat: bool = False) -> Topology:
         b.link(0, 9, NDV2_IB_GBPS, NDV2_IB_ALPHA)
         b.link(8, 1, NDV2_IB_GBPS, NDV2_IB_ALPHA)
     elif chassis >= 3:
-        nic = b.switch(copy=True, label="nic")
+        nic = b.switch(copy=teccl_compat, label="nic")
         for c in range(chassis):
             b.link(8 * c + 0, nic, NDV2_IB_GBPS, NDV2_IB_ALPHA)
             b.link(nic, 8 * c + 1, NDV2_IB_GBPS, NDV2_IB_ALPHA)
@@ -138,12 +147,16 @@ def ndv2(chassis: int = 2, teccl_compat: bool = False) -> Topology:
     return b.build(name, description=desc, params={"chassis": chassis, "teccl_compat": teccl_compat}, **kw)
 
 
-def dgx2(chassis: int = 1) -> Topology:
+def dgx2(chassis: int = 1, teccl_compat: bool = False) -> Topology:
     """DGX-2: 16 V100 per chassis on one NVSwitch (125 GB/s per GPU each way).
 
     2 chassis: 8 directed 12.5 GB/s links each way, odd local GPU l -> local GPU l-1 of the other.
     >= 3 chassis (our model): 8 rail NIC switches; rail r takes local GPU 2r+1 of every chassis in
     and feeds local GPU 2r of every chassis, 12.5 GB/s, alpha 1.3 us per hop (2.6 us end to end).
+
+    The physical default: first-generation NVSwitch cannot replicate (it forwards). With
+    ``teccl_compat`` every switch copies and a switch -> GPU hop costs only its alpha: the model
+    the published TE-CCL DGX-2 results were computed in.
     """
     chassis = _positive(chassis, "chassis")
     b = _Builder()
@@ -151,7 +164,7 @@ def dgx2(chassis: int = 1) -> Topology:
         for _ in range(16):
             b.gpu(group=c)
     for c in range(chassis):
-        sw = b.switch(copy=False, group=c, label=f"nvswitch{c}")
+        sw = b.switch(copy=teccl_compat, group=c, label=f"nvswitch{c}")
         for local in range(16):
             b.both(16 * c + local, sw, DGX2_GPU_GBPS, DGX2_NVSWITCH_ALPHA)
     if chassis == 2:
@@ -160,11 +173,14 @@ def dgx2(chassis: int = 1) -> Topology:
             b.link(16 + local, local - 1, DGX2_IB_GBPS, DGX2_IB_ALPHA)
     elif chassis >= 3:
         for rail in range(8):
-            sw = b.switch(copy=False, label=f"rail{rail}")
+            sw = b.switch(copy=teccl_compat, label=f"rail{rail}")
             for c in range(chassis):
                 b.link(16 * c + 2 * rail + 1, sw, DGX2_IB_GBPS, DGX2_IB_ALPHA / 2)
                 b.link(sw, 16 * c + 2 * rail, DGX2_IB_GBPS, DGX2_IB_ALPHA / 2)
-    return b.build("dgx2", description=f"{chassis} x DGX-2 chassis", params={"chassis": chassis})
+    if teccl_compat:
+        return b.build("dgx2-teccl-compat", description=f"{chassis} x DGX-2 chassis, the published TE-CCL model (switches copy)",
+                       params={"chassis": chassis, "teccl_compat": True}, teccl_compat=True)
+    return b.build("dgx2", description=f"{chassis} x DGX-2 chassis", params={"chassis": chassis, "teccl_compat": False})
 
 
 def mi250(chassis: int = 1) -> Topology:
@@ -180,15 +196,42 @@ def mi250(chassis: int = 1) -> Topology:
         for i, peers in MI250_ADJ.items():
             for j, units in peers.items():
                 b.link(16 * c + i, 16 * c + j, units * MI250_UNIT_GBPS, MI250_XGMI_ALPHA)
-    if chassis >= 2:
-        top = b.switch(copy=True, label="global")
+    if chassis >= 2:  # NIC and InfiniBand switches forward (no copy)
+        top = b.switch(copy=False, label="global")
         for c in range(chassis):
             for k in range(8):
-                nic = b.switch(copy=True, group=c, label=f"nic{c}.{k}")
+                nic = b.switch(copy=False, group=c, label=f"nic{c}.{k}")
                 b.both(16 * c + 2 * k, nic, MI250_NIC_GBPS, MI250_NIC_ALPHA)
                 b.both(16 * c + 2 * k + 1, nic, MI250_NIC_GBPS, MI250_NIC_ALPHA)
                 b.both(nic, top, MI250_NIC_GBPS, MI250_NIC_ALPHA)
     return b.build("mi250", description=f"{chassis} x AMD MI250 chassis", params={"chassis": chassis})
+
+
+H100_NVLINK_GBPS, H100_NVLINK_ALPHA = 450.0, 0.7 * US
+H100_NIC_GBPS, H100_NIC_ALPHA = 50.0, 1.3 * US
+
+
+def h100(chassis: int = 1) -> Topology:
+    """HGX H100: 8 H100 per chassis on third-generation NVSwitch, which replicates (NVLink SHARP /
+    NVLS multicast): the copy model's physical counterpart. 450 GB/s per GPU each way (18 NVLink4
+    links); alpha 0.7 us assumed, as for NVLink elsewhere. >= 2 chassis: rail-optimised
+    InfiniBand, one 400 Gb/s NIC (50 GB/s) per GPU, local GPU r on rail switch r, alpha 1.3 us per
+    hop (assumed); InfiniBand switches forward (no copy)."""
+    chassis = _positive(chassis, "chassis")
+    b = _Builder()
+    for c in range(chassis):
+        for _ in range(8):
+            b.gpu(group=c)
+    for c in range(chassis):
+        sw = b.switch(copy=True, group=c, label=f"nvswitch{c}")
+        for local in range(8):
+            b.both(8 * c + local, sw, H100_NVLINK_GBPS, H100_NVLINK_ALPHA)
+    if chassis >= 2:
+        for rail in range(8):
+            sw = b.switch(copy=False, label=f"rail{rail}")
+            for c in range(chassis):
+                b.both(8 * c + rail, sw, H100_NIC_GBPS, H100_NIC_ALPHA)
+    return b.build("h100", description=f"{chassis} x HGX H100 (NVSwitch with NVLS multicast)", params={"chassis": chassis})
 
 
 def ring(n: int = 8, bandwidth: float = 50.0, alpha_us: float = 0.7, bidirectional: bool = True) -> Topology:
@@ -271,7 +314,8 @@ class BuiltinSpec:
 BUILTINS: dict[str, BuiltinSpec] = {
     "dgx1": BuiltinSpec(dgx1, (), {}),
     "ndv2": BuiltinSpec(ndv2, ("chassis", "teccl_compat"), {"chassis": 2}),
-    "dgx2": BuiltinSpec(dgx2, ("chassis",), {"chassis": 1}),
+    "dgx2": BuiltinSpec(dgx2, ("chassis", "teccl_compat"), {"chassis": 1}),
+    "h100": BuiltinSpec(h100, ("chassis",), {"chassis": 1}),
     "mi250": BuiltinSpec(mi250, ("chassis",), {"chassis": 1}),
     "ring": BuiltinSpec(ring, ("n", "bandwidth", "alpha_us"), {"n": 8}),
     "mesh": BuiltinSpec(mesh, ("rows", "cols", "bandwidth", "alpha_us"), {"rows": 4, "cols": 4}),

@@ -58,6 +58,17 @@ def _field(obj: dict, key: str, where: str, kind: type | tuple, default: Any = .
     return val
 
 
+def _switch_copy(rn: dict, where: str) -> bool:
+    """A switch must say whether it replicates: the answer changes what a schedule may do."""
+    if rn.get("kind", "gpu") != "switch":
+        return True
+    if "copy" not in rn:
+        raise InputError(f"{where}.copy", "is missing: say whether this switch can replicate a chunk onto several links",
+                         "true for a multicast-capable switch (NVLink SHARP / NVLS), false for one that forwards "
+                         "(NVSwitch gen 1-2, InfiniBand); --switch-copy on|off sets every switch")
+    return _field(rn, "copy", where, bool)
+
+
 def topology_from_dict(data: Any) -> Topology:
     if not isinstance(data, dict):
         raise InputError("topology", "the JSON is not an object", "see examples/ for the schema")
@@ -75,7 +86,7 @@ def topology_from_dict(data: Any) -> Topology:
             Node(
                 id=_field(rn, "id", where, int),
                 kind=_field(rn, "kind", where, str, "gpu"),
-                copy=_field(rn, "copy", where, bool, True),
+                copy=_switch_copy(rn, where),
                 group=_field(rn, "group", where, (int, type(None)), None),
                 label=_field(rn, "label", where, str, ""),
             )

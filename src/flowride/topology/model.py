@@ -184,5 +184,14 @@ class Topology:
 
         return replace(self, links=tuple(Link(lk.dst, lk.src, lk.bandwidth_GBps, lk.alpha_s) for lk in self.links))
 
+    def with_switch_copy(self, copy: bool) -> Topology:
+        """The same topology with every switch able (``copy=True``) or unable to replicate a chunk
+        onto several out-links in the epoch it arrives (the CLI's ``--switch-copy on|off``)."""
+        from dataclasses import replace
+
+        nodes = tuple(nd if nd.is_gpu else replace(nd, copy=copy) for nd in self.nodes)
+        params = {**self.params, "switch_copy": copy}
+        return replace(self, nodes=nodes, params=params)
+
     def summary(self) -> str:
         return f"{self.name}: {len(self.gpus)} GPUs, {len(self.switches)} switches, {len(self.links)} links"
