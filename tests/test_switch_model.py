@@ -268,3 +268,61 @@ def test_tiny_epoch_and_many_chunks_end_within_the_time_limit():
         assert took < 10 + 25, (args, took)
         assert "Traceback" not in out.stderr
         assert out.returncode in (0, 1, 2), out.stderr
+
+
+# ------------------------------------------------------------------ AlltoAll objectives
+
+
+def test_weighted_objective_is_available_and_named():
+    """The published single-LP objective runs on request and the report says it produced the
+    schedule; the default minimum-makespan search is never later on the same instance."""
+    topo = dgx2(2, teccl_compat=True)
+    w = synthesize(topo, "alltoall", 10**6, "slow", 1, 60, objective="weighted")
+    m = synthesize(topo, "alltoall", 10**6, "slow", 1, 60)
+    assert w.sim.valid and m.sim.valid
+    assert w.report()["objective"] == "weighted" and m.report()["objective"] == "makespan"
+    assert m.sim.finish_time_s <= w.sim.finish_time_s * (1 + 1e-9)
+
+
+def test_weighted_objective_refused_where_it_does_not_apply():
+    out = _cli("synth", "-t", "dgx1", "-c", "allgather", "-s", "1MB", "--objective", "weighted")
+    assert out.returncode == 2 and "objective" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("topo", [torus(4, 8), dgx2(2), ndv2(2)], ids=["torus4x8", "dgx2", "ndv2"])
+def test_symmetric_static_lp_matches_the_full_one(topo):
+    """The static LP over orbit representatives (what 512-GPU AlltoAlls use) reaches the full
+    LP's theta where the automorphisms form a group, and its copied paths schedule and verify."""
+    from flowride.synth.lp import schedule_paths
+    from flowride.synth.lp_static import symmetric_concurrent_flow, symmetric_paths
+    from flowride.synth.symmetry import gpu_orbits
+
+    orbits = gpu_orbits(topo)
+    if orbits is None:
+        pytest.skip("no symmetry")
+    sf = symmetric_concurrent_flow(topo, orbits)
+    full = concurrent_flow(topo)
+    assert sf.status == "optimal"
+    assert sf.seconds_per_GB == pytest.approx(full.seconds_per_GB, rel=1e-6)
+    d = make_demand(topo, "alltoall", 1 << 20, 1)
+    t = epoch_timing(topo, d.chunk_bytes, "fast")
+    sends, fallback = schedule_paths(topo, d, t, symmetric_paths(topo, d, sf), 1, at_lp_epochs=False)
+    sim = simulate(Schedule.from_tuples(topo, d, t.tau, sends))
+    assert sim.valid, sim.first_violation
+    assert fallback == 0
+
+
+@pytest.mark.parametrize("topo", [torus(4, 6), dgx2(2), ndv2(2)], ids=["torus4x6", "dgx2", "ndv2"])
+def test_symmetric_flow_bound_equals_the_full_lp(monkeypatch, topo):
+    """Above the static LP's size cap the flow bound comes from the symmetric LP: averaging over
+    the automorphism group shows it loses nothing, whichever automorphism maps each GPU (VF2++
+    finds reflections as well as translations), so it equals the full LP's theta."""
+    import flowride.synth.lp_static as ls
+
+    exact = concurrent_flow(topo).seconds_per_GB  # theta itself (finish_s keeps a 1e-5 margin below it)
+    monkeypatch.setattr(ls, "STATIC_BOUND_COLUMNS", 10)
+    ls._CACHE.clear()
+    ls._DUAL_CACHE.clear()
+    ls._SYM_CACHE.clear()
+    got = ls.flow_bound_s(topo, 1e9)
+    assert got == pytest.approx(exact, rel=1e-4) and got <= exact * (1 + 1e-9)

@@ -83,6 +83,7 @@ class SynthOutcome:
             "verified": self.sim.valid,
             "method": self.schedule.meta.get("method"),
             "method_requested": self.schedule.meta.get("method_requested"),
+            "objective": self.schedule.meta.get("objective", "makespan"),
             "peak_rss_mb": _peak_rss_mb(),
             "probes": [{"T": p.T, "outcome": p.outcome, "seconds": round(p.seconds, 4), "columns": p.columns, "rows": p.rows} for p in self.search.probes],
         }
@@ -161,6 +162,7 @@ def synthesize(
     method: str = "auto",
     memory_limit: int = MEMORY_LIMIT_BYTES,
     speedups: Speedups = DEFAULT_SPEEDUPS,
+    objective: str = "makespan",
 ) -> SynthOutcome:
     """The fastest schedule ``method`` can find, verified by the simulator.
 
@@ -180,6 +182,11 @@ def synthesize(
         raise InputError("time_limit", f"{time_limit} is not positive", "give seconds above zero or leave it out")
     demand = make_demand(topo, collective, size_bytes, chunks)
     method = check_method(method, demand)
+    if objective not in ("makespan", "weighted"):
+        raise InputError("objective", f"{objective!r} is not an objective", "use makespan or weighted")
+    if objective == "weighted" and (demand.collective.multicast or demand.collective.reduces or method not in ("auto", "lp")):
+        raise InputError("objective", "weighted (the published TE-CCL objective) is built for the LP route of AlltoAll",
+                         "use --objective makespan, or -c alltoall with --method lp or auto")
     if demand.collective.reduces:
         return synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, progress, t0, method, memory_limit, speedups)
     timing = epoch_timing(topo, demand.chunk_bytes, epoch)
@@ -214,7 +221,7 @@ def synthesize(
         incumbent_timed_out = trees.timed_out and method == "trees"
         if trees.T < hi or method == "trees":
             fallback_sends, fallback_name, hi = trees.sends, "trees", min(hi, trees.T)
-    if speedups.warm_start and hi > lo and method != "trees":
+    if speedups.warm_start and hi > lo and method != "trees" and objective == "makespan":
         ladder = coarse_to_fine(topo, demand, timing, method, left(), mip_gap, threads, memory_limit, speedups, progress,
                                 fine_too_large=_fine_too_large(topo, demand, timing, hi, D))
         same = [r for r in ladder if r.demand == demand]
@@ -272,7 +279,8 @@ def synthesize(
     elif chosen == "lp":
         from flowride.synth.lp import synthesize_lp
 
-        demand, search = synthesize_lp(topo, demand, timing, left(), progress, D, memory_limit=memory_limit)
+        demand, search = synthesize_lp(topo, demand, timing, left(), progress, D, memory_limit=memory_limit, objective=objective,
+                                       baseline=(base, int(base_sim.epochs)) if base_name == "direct" else None)
         search.lower = max(search.lower, min(lo, search.T))
         used = search.method  # "direct" where the direct AlltoAll was not beaten
     else:  # astar
@@ -307,7 +315,10 @@ def synthesize(
         status = "feasible"
     sched.meta.update(
         {"status": status, "epochs": sim.epochs, "epoch_lower_bound": search.lower, "epoch_preset": str(epoch),
-         "method_requested": method}
+         "method_requested": method,
+         # which objective produced the schedule: the horizon search (with the ladder, trees,
+         # windows) minimises the makespan; "weighted" is the published single-LP objective
+         "objective": getattr(search, "objective", "makespan")}
     )
     return SynthOutcome(
         schedule=sched,

@@ -60,6 +60,8 @@ from flowride.topology.timing import EpochTiming, epoch_timing
 Progress = Callable[[dict], None]
 Send = tuple[int, int, int, int]  # (epoch, link, source GPU, chunk)
 
+POLISH_SECONDS = 10.0  # the integral polish without a time limit (with one: the budget)
+OBJECTIVES = ("makespan", "weighted")
 HOP_COST = 1e-2  # per unit per send: breaks ties toward fewer hops; 100 hops weigh one epoch
 FLOW_EPS = 1e-7  # flows below this are solver noise
 PIECE_CHOICES = (1, 2, 4, 8)
@@ -317,8 +319,21 @@ def early_delivery_objective(idx: LpIndex) -> np.ndarray:
     return cost
 
 
-def build_lp(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: np.ndarray | None = None) -> tuple[MipModel, LpIndex]:
-    """The whole LP at horizon T as one bulk model (no integer columns)."""
+def weighted_delivery_objective(idx: LpIndex) -> np.ndarray:
+    """The published TE-CCL objective: reward 1/(t+1) for each unit delivered at epoch t (a
+    cost of minus that), at one fixed horizon, with no search on the horizon. A send costs a
+    thousandth of the smallest step between two weights, so ties still prefer fewer hops."""
+    cost = np.zeros(idx.num_cols)
+    cost[: idx.nf] = 1e-3 / ((idx.T + 1) * (idx.T + 2))
+    cost[idx.y0 :] = -1.0 / (idx.y_t + 1.0)
+    return cost
+
+
+def build_lp(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: np.ndarray | None = None,
+             objective: str = "makespan") -> tuple[MipModel, LpIndex]:
+    """The whole LP at horizon T as one bulk model (no integer columns). ``objective``:
+    "makespan" (the horizon search's: deliver early, :func:`early_delivery_objective`) or
+    "weighted" (the published one, :func:`weighted_delivery_objective`)."""
     idx = build_lp_index(topo, demand, timing, T, D)
     rows = _Rows()
     rhs = np.zeros(idx.cons_rows)
@@ -330,7 +345,7 @@ def build_lp(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: np.
     n = idx.num_cols
     A = sp.csc_matrix((np.concatenate(rows.v), (np.concatenate(rows.r), np.concatenate(rows.c))), shape=(nrows, n))
     model = MipModel(
-        cost=early_delivery_objective(idx),
+        cost=weighted_delivery_objective(idx) if objective == "weighted" else early_delivery_objective(idx),
         lb=np.zeros(n),
         ub=np.full(n, np.inf),
         integer=np.zeros(n, dtype=bool),
@@ -670,6 +685,7 @@ class LpSearch(SearchResult):
     fallback_chunks: int = 0  # (pieces of) chunks sent along fewest-epoch routes, not LP paths
     method: str = "lp"  # lp | direct (no LP solved in time, or its decomposition was rejected)
     static: bool = False  # the instance was too large to expand in time: the static LP's paths
+    objective: str = "makespan"  # weighted: the published single-LP objective made the schedule
 
 
 def _realize(topo, demand, timing, paths: list[FlowPath], pieces_per_unit: int) -> tuple[list[Send], int, int] | None:
@@ -749,22 +765,69 @@ class _Level:
 def _static(topo, demand, timing, one: _Level, base, base_T: int, time_limit, report) -> LpSearch:
     """The static LP's paths list-scheduled at ``timing``; the direct AlltoAll if that is not
     sooner or the LP is not solved in time."""
-    from flowride.synth.lp_static import concurrent_flow, static_paths
+    from flowride.synth.lp_static import STATIC_BOUND_COLUMNS, concurrent_flow, static_paths
 
-    ps = time.perf_counter()
-    report("static-lp", columns=len(topo.links) * len(topo.gpus))
-    cf = concurrent_flow(topo, time_limit)
-    probe = Probe(0, "static " + cf.status, time.perf_counter() - ps, len(cf.f_s) + 1, 0)
+    t0 = time.perf_counter()
     one.offer(Candidate(base_T, base, 0.0, 0, "direct"))
-    if cf.status == "optimal":
-        sends, fb = schedule_paths(topo, demand, timing, static_paths(topo, demand, cf), 1, at_lp_epochs=False)
+
+    def left() -> float | None:
+        return None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
+
+    def offer(paths: list[FlowPath], how: str) -> None:
+        sends, fb = schedule_paths(topo, demand, timing, paths, 1, at_lp_epochs=False)
         sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, sends))
         if sim.valid:  # the scheduler keeps the simulator's rules; this guards it
             one.offer(Candidate(int(sim.epochs), sends, 0.0, fb, "lp"))
-            report("decompose", static=True, epochs=int(sim.epochs), lower=one.lower)
+            report("decompose", static=how, epochs=int(sim.epochs), lower=one.lower)
+
+    probes: list[Probe] = []
+    solver_s, solved = 0.0, False
+    columns = len(topo.links) * len(topo.gpus)
+    if columns > STATIC_BOUND_COLUMNS:
+        # large: first the LP over the orbit representatives' flows only (a 16x32 torus: 2,048
+        # columns for one orbit, seconds, against minutes of interior point for the full LP)
+        from flowride.synth.lp_static import symmetric_flow, symmetric_paths
+
+        ps = time.perf_counter()
+        report("static-lp", columns=len(topo.links), symmetric=True)
+        sf = symmetric_flow(topo, left())  # cached: the flow bound may have solved it already
+        if sf is not None:
+            probes.append(Probe(0, "static symmetric " + sf.status, time.perf_counter() - ps, len(sf.f_s) + 1, 0))
+            solver_s += sf.seconds
+            if sf.status == "optimal":
+                offer(symmetric_paths(topo, demand, sf), "symmetric")
+                solved = True
+    if not solved:
+        ps = time.perf_counter()
+        report("static-lp", columns=columns)
+        cf = concurrent_flow(topo, left())
+        probes.append(Probe(0, "static " + cf.status, time.perf_counter() - ps, len(cf.f_s) + 1, 0))
+        solver_s += cf.seconds
+        if cf.status == "optimal":
+            offer(static_paths(topo, demand, cf), "full")
+            solved = True
     b = one.best
-    return LpSearch(b.sends, b.T, one.lower, cf.status != "optimal", [probe], solver_seconds=cf.seconds,
-                    fallback_chunks=b.fallback, method=b.method, static=True)
+    return LpSearch(b.sends, b.T, one.lower, not solved, probes, solver_seconds=solver_s,
+                    fallback_chunks=b.fallback, method=b.method, static=True, objective="static flow")
+
+
+def _weighted(topo, demand, timing, D, one: _Level, base, base_T: int, time_limit, report) -> LpSearch:
+    """The published objective: one LP at a feasible horizon (the direct AlltoAll's epochs),
+    rewarding early delivery by 1/(t+1), decomposed and list-scheduled; the direct AlltoAll if
+    that is not sooner."""
+    ps = time.perf_counter()
+    report("weighted-lp", T=base_T)
+    model, idx = build_lp(topo, demand, timing, base_T, D, objective="weighted")
+    res = solve(model, SolveOptions(time_limit=time_limit))
+    probe = Probe(base_T, "weighted " + res.status, time.perf_counter() - ps, model.num_cols, model.num_rows)
+    if res.status == "optimal" and res.x is not None:
+        got = _realize(topo, demand, timing, decompose_flow(topo, timing, idx, res.x), 1)
+        if got is not None:
+            one.offer(Candidate(got[1], got[0], 0.0, got[2], "lp"))
+    one.offer(Candidate(base_T, base, 0.0, 0, "direct"))  # only if strictly sooner
+    b = one.best
+    return LpSearch(b.sends, b.T, one.lower, res.status != "optimal", [probe], solver_seconds=res.seconds,
+                    fallback_chunks=b.fallback, method=b.method, objective="weighted" if b.method == "lp" else "makespan")
 
 
 def synthesize_lp(
@@ -775,7 +838,9 @@ def synthesize_lp(
     progress: Progress | None = None,
     D: np.ndarray | None = None,
     max_pieces: int = 8,
-    polish_seconds: float = 10.0,
+    polish_seconds: float | None = None,
+    objective: str = "makespan",
+    baseline: tuple[list[Send], int] | None = None,
     max_columns: int = LP_MAX_COLUMNS,
     memory_limit: int = MEMORY_LIMIT_BYTES,
 ) -> tuple[Demand, LpSearch]:
@@ -796,9 +861,14 @@ def synthesize_lp(
        same epoch length tau, its timing recomputed (a smaller piece may cross a slow link in
        fewer epochs). Its schedules: the whole-chunk paths carrying k pieces per unit of flow; the
        pieces' own LP decomposed; the integer polish again.
-    5. Every schedule is replayed by the simulator; the one finishing in fewest epochs (the same
+    5. Every schedule is replayed by the simulator (``baseline``: the direct AlltoAll's sends and
+       epochs when the caller has them); the one finishing in fewest epochs (the same
        tau, so the earliest finish) wins, the fewest pieces on ties. The direct AlltoAll is one
        of them.
+
+    ``objective="weighted"`` replaces steps 1-4 with the published TE-CCL form: one LP at the
+    direct AlltoAll's horizon rewarding each unit delivered at epoch t by 1/(t+1)
+    (:func:`weighted_delivery_objective`), decomposed and list-scheduled (step 5 still applies).
 
     Instances whose time-expanded LP would have more than ``max_columns`` columns, or whose LP
     search finds no horizon in half of ``time_limit``, take the static LP instead
@@ -818,6 +888,8 @@ def synthesize_lp(
     unicast_needs(topo, demand)  # raises ValueError unless copy-free
     if D is None:
         D = epoch_distances(topo, timing)
+    if polish_seconds is None:  # the budget: all that is left of the time limit (less a margin)
+        polish_seconds = POLISH_SECONDS if time_limit is None else max(POLISH_SECONDS, 0.9 * time_limit)
     polish_end = t0 + polish_seconds  # moved on by the time the LPs take, below
 
     def left() -> float | None:
@@ -854,31 +926,44 @@ def synthesize_lp(
             lvl.offer(Candidate(got[1], got[0], loss, got[2], "lp"))
             report("decompose", pieces=lvl.pieces, lp_T=lp_T, epochs=got[1], loss=loss)
 
-    def polish(lvl: _Level) -> None:
+    def polish(lvl: _Level, share: float = 1.0) -> None:
+        """Integral flows, anytime: first at the lower bound (one solve: often the answer, or a
+        proof that raises the bound), then downward from one epoch under the best schedule, each
+        feasible point a better schedule, until an infeasible horizon proves the best optimal,
+        or the polish time (``share`` of what is left of it) runs out."""
         nonlocal solver_s, timed_out
-        T = lvl.lower
-        while lvl.open and T < lvl.best.T:
-            budget = polish_end - time.perf_counter()
+        end = time.perf_counter() + share * max(0.0, polish_end - time.perf_counter())
+        tried_bottom = False
+        while lvl.open:
+            T = lvl.lower if not tried_bottom else lvl.best.T - 1
+            tried_bottom = True
+            budget = end - time.perf_counter()
             if time_limit is not None:
                 budget = min(budget, left())
             if budget <= lvl.lp_seconds:  # its root LP alone would not fit (HiGHS overruns then)
                 return
-            report("integral", T=T, pieces=lvl.pieces)
+            report("integral", T=T, pieces=lvl.pieces, best=lvl.best.T, lower=lvl.lower)
             outcome, idx, x, probe, secs = integral_flow(topo, lvl.demand, lvl.timing, T, lvl.D, budget)
             probes.append(probe)
             solver_s += secs
             if outcome == "feasible":
                 realize(lvl, decompose_flow(topo, lvl.timing, idx, x), 1, T, 0.0)
-                return
+                continue
             if outcome != "infeasible":
                 timed_out = timed_out or time_limit is not None and left() <= 0
                 return
-            lvl.lower = T + 1  # no integral flow, so no schedule, in T epochs
-            T += 1
+            lvl.lower = max(lvl.lower, T + 1)  # no integral flow, so no schedule, in T epochs
 
     one = _Level(1, demand, timing, D, max(epoch_lower_bound(topo, demand, timing, D, left()).values()))
-    base = direct_alltoall(topo, demand, timing)
-    base_T = int(simulate(Schedule.from_tuples(topo, demand, timing.tau, base)).epochs)
+    if baseline is None:  # the caller may have it already: on 512 GPUs it takes half a minute
+        base = direct_alltoall(topo, demand, timing)
+        base_T = int(simulate(Schedule.from_tuples(topo, demand, timing.tau, base)).epochs)
+    else:
+        base, base_T = baseline
+    if objective not in OBJECTIVES:
+        raise InputError("objective", f"{objective!r} is not an objective", f"use one of {', '.join(OBJECTIVES)}")
+    if objective == "weighted" and lp_size(topo, demand, timing, base_T, D) <= max_columns:
+        return demand, _weighted(topo, demand, timing, D, one, base, base_T, left(), report)
     if lp_size(topo, demand, timing, int(one.lower * 1.1) + 1, D) > max_columns:
         # too large to expand in time: the static LP (bandwidth decides such instances)
         need = static_lp_bytes(topo)
@@ -904,7 +989,7 @@ def synthesize_lp(
     # the direct AlltoAll is a schedule of this demand too: list scheduling the LP's paths may
     # lose to it by an epoch where the LP's own horizon is the direct one (one switch, say)
     one.offer(Candidate(base_T, base, 0.0, 0, "direct"))
-    polish(one)
+    polish(one, share=0.5)  # the other half for finer pieces, if they are tried
     levels = [one]
 
     k, loss = choose_pieces(paths, need, demand, max_pieces)

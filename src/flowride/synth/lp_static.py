@@ -300,10 +300,39 @@ STATIC_BOUND_COLUMNS = 300_000  # the static LP is solved for the bound itself o
 _DUAL_CACHE: dict[tuple, DualFlowBound] = {}
 
 
+_SYM_CACHE: dict[tuple, SymmetricFlow | None] = {}
+SYMMETRIC_MAX_COLUMNS = 1_200_000  # more representatives than this allows: too little symmetry
+
+
+def symmetric_flow(topo: Topology, time_limit: float | None = None) -> SymmetricFlow | None:
+    """The orbits (at most a quarter of ``time_limit``, 60 s) and the symmetric static LP of a
+    topology, cached per link set (the bound and the method share it); None without symmetry."""
+    from flowride.synth.symmetry import gpu_orbits
+
+    key = (topo.gpus, topo.num_nodes, tuple((lk.src, lk.dst, lk.bandwidth_GBps, lk.alpha_s) for lk in topo.links))
+    if key not in _SYM_CACHE:
+        import time
+
+        t0 = time.perf_counter()
+        orbits = gpu_orbits(topo, 60.0 if time_limit is None else min(60.0, time_limit / 4))
+        if orbits is None or len(orbits.reps) * len(topo.links) > SYMMETRIC_MAX_COLUMNS:
+            _SYM_CACHE[key] = None  # no symmetry, or too little of it to shrink the LP enough
+        else:
+            rest = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
+            sf = symmetric_concurrent_flow(topo, orbits, rest)
+            _SYM_CACHE[key] = sf
+            if sf.status != "optimal":  # cut short: try again next time
+                del _SYM_CACHE[key]
+                return sf
+        if len(_SYM_CACHE) > 8:
+            _SYM_CACHE.clear()
+    return _SYM_CACHE.get(key)
+
+
 def flow_bound_s(topo: Topology, pair_bytes: float, time_limit: float | None = None) -> float:
     """The concurrent-flow floor of a uniform AlltoAll moving ``pair_bytes`` per pair: the static
-    LP's theta when it is small (or already solved for the method), else the dual bound, which is
-    time-bounded by construction; the larger of the two known (both are sound)."""
+    LP's theta when it is small (or already solved for the method), the symmetric static LP's
+    on larger ones with symmetry (the same optimum, :class:`SymmetricFlow`), else the dual bound, which is time-bounded by construction; the largest known (all sound)."""
     key = (topo.gpus, topo.num_nodes, tuple((lk.src, lk.dst, lk.bandwidth_GBps) for lk in topo.links))
     if key not in _DUAL_CACHE:
         if len(_DUAL_CACHE) > 16:
@@ -315,4 +344,100 @@ def flow_bound_s(topo: Topology, pair_bytes: float, time_limit: float | None = N
         cached = (concurrent_flow(topo, time_limit), time_limit)
     if cached is not None and cached[0].status == "optimal":
         out = max(out, cached[0].finish_s(pair_bytes))
+    elif len(topo.gpus) * len(topo.links) > STATIC_BOUND_COLUMNS:
+        sf = symmetric_flow(topo, None if time_limit is None else time_limit / 2)
+        if sf is not None and sf.status == "optimal":
+            out = max(out, sf.seconds_per_GB * (1 - 1e-5) * pair_bytes / 1e9)
+    return out
+
+
+@dataclass(frozen=True)
+class SymmetricFlow:
+    """The static LP restricted to flows that are images of the orbit representatives' flows
+    (:func:`symmetric_concurrent_flow`): one commodity per representative, every image counted
+    on the capacity of the links it lands on.
+
+    It loses nothing, so its theta is the full LP's and a sound bound: average an optimal full
+    flow over the automorphism group (f'_v = mean over g of g(f_{g^-1 v})); that flow is feasible
+    with the same theta (automorphisms keep capacities and the uniform demand) and invariant, so
+    f'_v = pi_v(f'_r) for *any* automorphism pi_v taking r to v: it is a solution of this LP."""
+
+    seconds_per_GB: float
+    orbits: object  # flowride.synth.symmetry.GpuOrbits
+    need: np.ndarray  # [reps, N]
+    f_s: np.ndarray
+    f_l: np.ndarray
+    flow: np.ndarray
+    status: str
+    seconds: float
+
+
+def symmetric_concurrent_flow(topo: Topology, orbits, time_limit: float | None = None) -> SymmetricFlow:
+    """Max-concurrent flow of the uniform AlltoAll over the representatives' flows only: columns
+    reps x links instead of GPUs x links (2,048 instead of 1,048,576 on a 16x32 torus), rows
+    reps x nodes + links."""
+    gpus = np.array(topo.gpus, dtype=np.int64)
+    reps = np.array(orbits.reps, dtype=np.int64)
+    N = topo.num_nodes
+    R = len(reps)
+    need = np.zeros((R, N), dtype=np.int64)
+    need[:, gpus] = 1
+    need[np.arange(R), reps] = 0
+    l_src, l_dst = topo.link_ends
+    L = len(l_src)
+    ok = l_dst[None, :] != reps[:, None]
+    f_s, f_l = np.nonzero(ok)
+    nf = len(f_s)
+    r1, c1, v1, rhs = flow_conserved_at_every_node(topo, need, f_s, f_l, reps)
+    # capacity: every GPU v of rep r's orbit carries r's flow on link_map[v][l]
+    col_of = -np.ones((R, L), dtype=np.int64)
+    col_of[f_s, f_l] = np.arange(nf)
+    pos = {int(r): i for i, r in enumerate(reps)}
+    rr, cc = [], []
+    for v, r in orbits.rep_of.items():
+        i = pos[r]
+        cols = col_of[i]
+        m = cols >= 0
+        rr.append(R * N + orbits.link_map[v][m])
+        cc.append(cols[m])
+    bw = np.array([lk.bandwidth_GBps for lk in topo.links])
+    r2 = np.concatenate([*rr, R * N + np.arange(L)])
+    c2 = np.concatenate([*cc, np.full(L, nf)])
+    v2 = np.concatenate([np.ones(sum(len(x) for x in rr)), -bw])
+    A = sp.csc_matrix((np.concatenate([v1, v2]), (np.concatenate([r1, r2]), np.concatenate([c1, c2]))), shape=(R * N + L, nf + 1))
+    ingress = max((len(gpus) - 1) / bw[l_dst == g].sum() for g in gpus.tolist())
+    hop = 1e-6 * ingress / (float(need.sum()) * max(1, N - 1))
+    model = MipModel(
+        cost=np.concatenate([np.full(nf, hop), [1.0]]), lb=np.zeros(nf + 1), ub=np.full(nf + 1, np.inf),
+        integer=np.zeros(nf + 1, dtype=bool), A=A,
+        row_lo=np.concatenate([rhs, np.full(L, -np.inf)]), row_hi=np.concatenate([rhs, np.zeros(L)]),
+        row_names={"flow_conserved_at_every_node": (0, R * N), "links_carry_their_rate": (R * N, R * N + L)},
+    )
+    res = solve(model, SolveOptions(time_limit=time_limit))
+    ok_ = res.status == "optimal" and res.x is not None
+    return SymmetricFlow(float(res.x[-1]) if ok_ else 0.0, orbits, need, f_s, f_l,
+                         res.x[:-1] if ok_ else np.zeros(nf), res.status, res.seconds)
+
+
+def symmetric_paths(topo: Topology, demand: Demand, sf: SymmetricFlow) -> list[FlowPath]:
+    """The representatives' flows split into paths, each copied to every GPU of its orbit
+    through that GPU's automorphism (its node and link maps), scaled to ``demand``'s chunks per
+    pair; hop rounds follow the image destination's ring offset, as :func:`decompose_static`."""
+    sources, need = unicast_needs(topo, demand)
+    k = float(need.max())
+    reps = np.array(sf.orbits.reps, dtype=np.int64)
+    base = decompose_static(topo, reps, sf.need, sf.f_s, sf.f_l, sf.flow * k)
+    gpus = list(topo.gpus)
+    pos = {g: i for i, g in enumerate(gpus)}
+    n = len(gpus)
+    by_rep: dict[int, list[FlowPath]] = defaultdict(list)
+    for p in base:
+        by_rep[p.source].append(p)
+    out: list[FlowPath] = []
+    for v, r in sf.orbits.rep_of.items():
+        nm, lm = sf.orbits.node_map[v], sf.orbits.link_map[v]
+        for p in by_rep[r]:
+            d = int(nm[p.dest])
+            rnd = (pos[d] - pos[v]) % n
+            out.append(FlowPath(v, d, p.amount, [(int(lm[li]), rnd + i) for i, (li, _) in enumerate(p.hops)]))
     return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import networkx as nx
 import numpy as np
 from networkx.algorithms.isomorphism import vf2pp_all_isomorphisms
 
@@ -43,6 +44,43 @@ class SourceSymmetry:
     def reduction(self) -> float:
         """Sources in the full model per source in the reduced one."""
         return len(self.rep_of) / len(self.reps)
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+class _Label:
+    """A node label that checks a clock whenever VF2++ hashes it (it does so throughout its
+    search): VF2++ cannot be told a time limit, and on some graphs (MI250's xGMI mesh) it
+    searches for minutes before it finds that two pins have no automorphism between them."""
+
+    __slots__ = ("key", "clock")
+
+    def __init__(self, key: tuple, clock: list[float]):
+        self.key = key
+        self.clock = clock  # [deadline], shared by every label of a search
+
+    def __hash__(self) -> int:
+        if time.perf_counter() > self.clock[0]:
+            raise _OutOfTime
+        return hash(self.key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Label) and self.key == other.key
+
+
+def _isomorphisms(g1, g2, deadline: float):
+    """VF2++'s isomorphisms of g1 onto g2 until ``deadline`` (then it stops quietly)."""
+    clock = [deadline]
+    a, b = g1.copy(), g2.copy()
+    for g in (a, b):
+        for u in g.nodes:
+            g.nodes[u]["timed"] = _Label(g.nodes[u]["label"], clock)
+    try:
+        yield from vf2pp_all_isomorphisms(a, b, node_label="timed")
+    except _OutOfTime:
+        return
 
 
 def _graph(topo: Topology, pinned: int):
@@ -98,7 +136,7 @@ def source_symmetry(topo: Topology, time_limit: float = 5.0) -> SourceSymmetry |
                 continue
             # VF2++ (networkx): node-labelled, with a matching order that finds automorphisms of
             # highly symmetric graphs (a switch's star) at once, where VF2 could search for minutes
-            for n_tried, iso in enumerate(vf2pp_all_isomorphisms(g1, _graph(topo, v), node_label="label")):
+            for n_tried, iso in enumerate(_isomorphisms(g1, _graph(topo, v), t0 + time_limit)):
                 lm = _links_match(topo, iso)
                 if lm is None:
                     if n_tried >= MAX_TRIES or time.perf_counter() - t0 > time_limit:
@@ -126,3 +164,59 @@ def expand_sends(sym: SourceSymmetry, sends: list[tuple[int, int, int, int]]) ->
         out.extend((k, int(lm[li]), v, c) for k, li, s, c in sends if s == r)
     out.sort()
     return out
+
+
+@dataclass(frozen=True)
+class GpuOrbits:
+    """GPU orbits under automorphisms, each GPU with one automorphism from its representative:
+    its node map and link map. Unlike :class:`SourceSymmetry` the images may share links (the
+    static LP counts every image on each link's capacity), so any automorphism will do."""
+
+    reps: tuple[int, ...]
+    rep_of: dict[int, int]
+    node_map: dict[int, np.ndarray]  # GPU v -> array: node of rep_of[v]'s flow -> node of v's
+    link_map: dict[int, np.ndarray]  # GPU v -> array: link of rep_of[v]'s flow -> link of v's
+
+
+def gpu_orbits(topo: Topology, time_limit: float = 30.0) -> GpuOrbits | None:
+    """One automorphism per GPU from a representative (VF2++, ~50 ms per GPU on a 512-GPU
+    torus), within ``time_limit``: GPUs not reached by then, or whose search takes over a
+    second, are representatives of their own (sound: the symmetric LP then has more columns).
+    None when every GPU is its own representative."""
+    t0 = time.perf_counter()
+    reps: list[int] = []
+    rep_of: dict[int, int] = {}
+    node_map: dict[int, np.ndarray] = {}
+    link_map: dict[int, np.ndarray] = {}
+    graphs: dict[int, object] = {}
+    hashes: dict[int, str] = {}
+    ident_n, ident_l = np.arange(topo.num_nodes), np.arange(len(topo.links))
+    for v in topo.gpus:
+        if time.perf_counter() - t0 > time_limit:  # out of time: the rest stand alone (sound)
+            reps.append(v)
+            rep_of[v], node_map[v], link_map[v] = v, ident_n, ident_l
+            continue
+        gv = _graph(topo, v)
+        for u in gv.nodes:
+            gv.nodes[u]["wl"] = repr(gv.nodes[u]["label"])
+        # Weisfeiler-Lehman hash of the pinned graph: different hashes, no automorphism between
+        # the two pins (VF2++ would have to exhaust its search to say so, for minutes on MI250)
+        hashes[v] = nx.weisfeiler_lehman_graph_hash(gv, node_attr="wl", iterations=4)
+        for r in reps:
+            if hashes[r] != hashes[v]:
+                continue
+            # each try at most a second (and within the limit): a GPU left alone is sound
+            iso = next(_isomorphisms(graphs[r], gv, min(t0 + time_limit, time.perf_counter() + 1.0)), None)
+            lm = None if iso is None else _links_match(topo, iso)
+            if lm is not None:
+                rep_of[v] = r
+                node_map[v] = np.array([iso[u] for u in range(topo.num_nodes)], dtype=np.int64)
+                link_map[v] = lm
+                break
+        else:
+            reps.append(v)
+            graphs[v] = gv
+            rep_of[v], node_map[v], link_map[v] = v, ident_n, ident_l
+    if len(reps) == len(topo.gpus):
+        return None
+    return GpuOrbits(tuple(reps), rep_of, node_map, link_map)

@@ -176,12 +176,14 @@ def _gpu_edges(topo: Topology, timing) -> _Edges:
     return _Edges(src, dst, paths, delay)
 
 
-def _tree(root: int, n: int, e: _Edges, weight: np.ndarray) -> dict[int, int]:
+def _tree(root: int, n: int, e: _Edges, weight: np.ndarray, index: dict[tuple[int, int], int] | None = None) -> dict[int, int]:
     """Shortest-path out-tree from ``root`` under ``weight``: GPU -> index of the edge into it."""
     m = sp.csr_matrix((weight, (e.src, e.dst)), shape=(n, n))
     _, pred = dijkstra(m, directed=True, indices=root, return_predecessors=True)
-    index = {(a, b): i for i, (a, b) in enumerate(zip(e.src, e.dst, strict=True))}
-    return {v: index[(int(pred[v]), v)] for v in range(n) if v != root and pred[v] >= 0}
+    if index is None:
+        index = {(a, b): i for i, (a, b) in enumerate(zip(e.src, e.dst, strict=True))}
+    reached = np.flatnonzero(pred >= 0)
+    return {int(v): index[(int(pred[v]), int(v))] for v in reached if v != root}
 
 
 def _grow(root: int, e: _Edges, out: dict[int, list[int]], cost: np.ndarray, delay: np.ndarray, lam: float) -> dict[int, int]:
@@ -227,17 +229,26 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
     # a chunk's time on a link, in epochs, to put load and latency in the same unit
     chunk_epochs = demand.chunk_bytes / (cap * timing.tau)
     edge_links = [np.array(p) for p in e.links]
+    # the same as one padded matrix (edges x longest path; padding points at a zero-cost column),
+    # so each tree's weights are two numpy ops, not a Python loop over every edge
+    width = max((len(p) for p in e.links), default=1)
+    EL = np.full((len(e.links), width), len(topo.links), dtype=np.int64)
+    for i, p in enumerate(e.links):
+        EL[i, : len(p)] = p
+    index = {(a, b): i for i, (a, b) in enumerate(zip(e.src, e.dst, strict=True))}
     out: dict[int, list[int]] = {}
     for i, a in enumerate(e.src):
         out.setdefault(a, []).append(i)
     trees: list[tuple[int, int, dict[int, int]]] = []
     for q in sorted(demand.commodities, key=lambda q: (q.chunk, q.source)):
         if shape == "cheapest":
-            w = np.array([float(((1 + link_load[ls]) * chunk_epochs[ls]).sum()) for ls in edge_links])
+            per = np.append((1 + link_load) * chunk_epochs, 0.0)
+            w = per[EL].sum(axis=1)
             parent = _grow(q.source, e, out, w, delay, spread)
         else:
-            w = delay + 1e-3 + spread * np.array([float((link_load[ls] * chunk_epochs[ls]).max()) for ls in edge_links])
-            parent = _tree(q.source, n, e, w)
+            per = np.append(link_load * chunk_epochs, 0.0)
+            w = delay + 1e-3 + spread * per[EL].max(axis=1)
+            parent = _tree(q.source, n, e, w, index)
         for v in q.dests:
             if v not in parent:
                 raise ValueError(f"GPU {v} is not reachable from GPU {q.source}")
