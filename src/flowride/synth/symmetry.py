@@ -19,6 +19,7 @@ proven on the full model (:func:`flowride.synth.horizon.bisect_horizon`).
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 
 import networkx as nx
@@ -201,7 +202,9 @@ def gpu_orbits(topo: Topology, time_limit: float = 30.0) -> GpuOrbits | None:
             gv.nodes[u]["wl"] = repr(gv.nodes[u]["label"])
         # Weisfeiler-Lehman hash of the pinned graph: different hashes, no automorphism between
         # the two pins (VF2++ would have to exhaust its search to say so, for minutes on MI250)
-        hashes[v] = nx.weisfeiler_lehman_graph_hash(gv, node_attr="wl", iterations=4)
+        with warnings.catch_warnings():  # networkx 3.5 notes that directed hashes changed: only compared here
+            warnings.simplefilter("ignore", UserWarning)
+            hashes[v] = nx.weisfeiler_lehman_graph_hash(gv, node_attr="wl", iterations=4)
         for r in reps:
             if hashes[r] != hashes[v]:
                 continue

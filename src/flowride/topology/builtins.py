@@ -147,6 +147,20 @@ def ndv2(chassis: int = 2, teccl_compat: bool = False) -> Topology:
     return b.build(name, description=desc, params={"chassis": chassis, "teccl_compat": teccl_compat}, **kw)
 
 
+def _switched_chassis(chassis: int, per: int, gbps: float, alpha: float, copy: bool) -> _Builder:
+    """``chassis`` groups of ``per`` GPUs, each group on its own NVSwitch (joined both ways): the
+    intra-chassis part of dgx2 and h100 (GPU ids chassis-major, then the switches)."""
+    b = _Builder()
+    for c in range(chassis):
+        for _ in range(per):
+            b.gpu(group=c)
+    for c in range(chassis):
+        sw = b.switch(copy=copy, group=c, label=f"nvswitch{c}")
+        for local in range(per):
+            b.both(per * c + local, sw, gbps, alpha)
+    return b
+
+
 def dgx2(chassis: int = 1, teccl_compat: bool = False) -> Topology:
     """DGX-2: 16 V100 per chassis on one NVSwitch (125 GB/s per GPU each way).
 
@@ -159,14 +173,7 @@ def dgx2(chassis: int = 1, teccl_compat: bool = False) -> Topology:
     the published TE-CCL DGX-2 results were computed in.
     """
     chassis = _positive(chassis, "chassis")
-    b = _Builder()
-    for c in range(chassis):
-        for _ in range(16):
-            b.gpu(group=c)
-    for c in range(chassis):
-        sw = b.switch(copy=teccl_compat, group=c, label=f"nvswitch{c}")
-        for local in range(16):
-            b.both(16 * c + local, sw, DGX2_GPU_GBPS, DGX2_NVSWITCH_ALPHA)
+    b = _switched_chassis(chassis, 16, DGX2_GPU_GBPS, DGX2_NVSWITCH_ALPHA, copy=teccl_compat)
     if chassis == 2:
         for local in range(1, 16, 2):
             b.link(local, 16 + local - 1, DGX2_IB_GBPS, DGX2_IB_ALPHA)
@@ -218,14 +225,7 @@ def h100(chassis: int = 1) -> Topology:
     InfiniBand, one 400 Gb/s NIC (50 GB/s) per GPU, local GPU r on rail switch r, alpha 1.3 us per
     hop (assumed); InfiniBand switches forward (no copy)."""
     chassis = _positive(chassis, "chassis")
-    b = _Builder()
-    for c in range(chassis):
-        for _ in range(8):
-            b.gpu(group=c)
-    for c in range(chassis):
-        sw = b.switch(copy=True, group=c, label=f"nvswitch{c}")
-        for local in range(8):
-            b.both(8 * c + local, sw, H100_NVLINK_GBPS, H100_NVLINK_ALPHA)
+    b = _switched_chassis(chassis, 8, H100_NVLINK_GBPS, H100_NVLINK_ALPHA, copy=True)
     if chassis >= 2:
         for rail in range(8):
             sw = b.switch(copy=False, label=f"rail{rail}")
