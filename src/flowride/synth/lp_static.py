@@ -119,6 +119,12 @@ def build_static(topo: Topology) -> tuple[MipModel, np.ndarray, np.ndarray, np.n
     return model, sources, need, f_s, f_l
 
 
+def _link_key(topo: Topology) -> tuple:
+    """What the static LPs and bounds of a topology depend on (the caches' key). Latency is in
+    it because the orbit search matches links by bandwidth and alpha."""
+    return topo.gpus, topo.num_nodes, tuple((lk.src, lk.dst, lk.bandwidth_GBps, lk.alpha_s) for lk in topo.links)
+
+
 _CACHE: dict[tuple, tuple[ConcurrentFlow, float | None]] = {}  # key -> (result, time limit it had)
 
 
@@ -127,7 +133,7 @@ def concurrent_flow(topo: Topology, time_limit: float | None = None) -> Concurre
     simplex needs minutes on a 256-GPU torus where IPM needs half a minute). A solve cut short
     by ``time_limit`` comes back with status other than "optimal" and theta 0 (no bound); it is
     tried again only when a later call allows more time."""
-    key = (topo.gpus, topo.num_nodes, tuple((lk.src, lk.dst, lk.bandwidth_GBps) for lk in topo.links))
+    key = _link_key(topo)
     if key in _CACHE:
         out, limit = _CACHE[key]
         if out.status == "optimal" or (limit is not None and time_limit is not None and time_limit <= limit):
@@ -309,7 +315,7 @@ def symmetric_flow(topo: Topology, time_limit: float | None = None) -> Symmetric
     topology, cached per link set (the bound and the method share it); None without symmetry."""
     from flowride.synth.symmetry import gpu_orbits
 
-    key = (topo.gpus, topo.num_nodes, tuple((lk.src, lk.dst, lk.bandwidth_GBps, lk.alpha_s) for lk in topo.links))
+    key = _link_key(topo)
     if key not in _SYM_CACHE:
         import time
 
@@ -333,7 +339,7 @@ def flow_bound_s(topo: Topology, pair_bytes: float, time_limit: float | None = N
     """The concurrent-flow floor of a uniform AlltoAll moving ``pair_bytes`` per pair: the static
     LP's theta when it is small (or already solved for the method), the symmetric static LP's
     on larger ones with symmetry (the same optimum, :class:`SymmetricFlow`), else the dual bound, which is time-bounded by construction; the largest known (all sound)."""
-    key = (topo.gpus, topo.num_nodes, tuple((lk.src, lk.dst, lk.bandwidth_GBps) for lk in topo.links))
+    key = _link_key(topo)
     if key not in _DUAL_CACHE:
         if len(_DUAL_CACHE) > 16:
             _DUAL_CACHE.clear()
