@@ -270,6 +270,8 @@ def main() -> None:
     ap.add_argument("--huge", action="store_true", help="32x32 torus AllGather and 16x32 torus AlltoAll at 1 MB and 1 GB")
     ap.add_argument("--ablation", action="store_true", help="the MILP speed-ups one at a time")
     ap.add_argument("--memory", action="store_true", help="peak memory of MILP runs per column (the memory guard)")
+    ap.add_argument("--topologies", default="",
+                    help='semicolon-separated labels of --scale rows to run, e.g. "dgx2 x4;torus(16,16)" (default: all)')
     ap.add_argument("--epoch", default="fast", help="epoch preset of the scale tables")
     ap.add_argument("--time-limit", type=float, default=600.0, help="seconds per case")
     ap.add_argument("--write-docs", action="store_true", help="write the tables into docs/benchmarks.md")
@@ -282,7 +284,12 @@ def main() -> None:
     if a.dgx2:
         done.append(("dgx2", reference(a.time_limit, a.only, "dgx2")))
     if a.scale:
-        done.append(("scale", scale(a.time_limit, SCALE, ["1MB", "1GB"], a.epoch)))
+        wanted = {t.strip() for t in a.topologies.split(";") if t.strip()}
+        unknown = wanted - {label(n, arg) for n, arg in SCALE}
+        if unknown:
+            ap.error(f"--topologies: unknown {sorted(unknown)}; known: {[label(n, arg) for n, arg in SCALE]}")
+        cases = [(n, arg) for n, arg in SCALE if not wanted or label(n, arg) in wanted]
+        done.append(("scale", scale(a.time_limit, cases, ["1MB", "1GB"], a.epoch)))
     if a.sizes:
         done.append(("sizes", scale(a.time_limit, [("dgx2", 2), ("ndv2", 4)], SIZES, a.epoch)))
     if a.huge:

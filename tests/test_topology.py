@@ -316,10 +316,13 @@ def test_a_valid_hand_built_topology():
     [
         (gpus(3), RING3 + (Link(0, 5, 50.0),), "links[3] (0->5).dst", "unknown node"),
         (gpus(3), (Link(-1, 0, 50.0),) + RING3, "links[0] (-1->0).src", "unknown node"),
-        (gpus(3), (Link(0, 1, 0.0),) + RING3[1:], "links[0] (0->1).bandwidth_GBps", "positive"),
-        (gpus(3), (Link(0, 1, -5.0),) + RING3[1:], "links[0] (0->1).bandwidth_GBps", "positive"),
-        (gpus(3), (Link(0, 1, float("nan")),) + RING3[1:], "links[0] (0->1).bandwidth_GBps", "positive"),
-        (gpus(3), RING3[:2] + (Link(2, 0, 50.0, -1e-6),), "links[2] (2->0).alpha", "negative"),
+        (gpus(3), (Link(0, 1, 0.0),) + RING3[1:], "links[0] (0->1).bandwidth_GBps", "outside"),
+        (gpus(3), (Link(0, 1, -5.0),) + RING3[1:], "links[0] (0->1).bandwidth_GBps", "outside"),
+        (gpus(3), (Link(0, 1, float("nan")),) + RING3[1:], "links[0] (0->1).bandwidth_GBps", "outside"),
+        (gpus(3), (Link(0, 1, 1e-300),) + RING3[1:], "links[0] (0->1).bandwidth_GBps", "outside 0.001..1e+06 GB/s"),
+        (gpus(3), (Link(0, 1, 1e300),) + RING3[1:], "links[0] (0->1).bandwidth_GBps", "outside 0.001..1e+06 GB/s"),
+        (gpus(3), RING3[:2] + (Link(2, 0, 50.0, -1e-6),), "links[2] (2->0).alpha_us", "outside"),
+        (gpus(3), RING3[:2] + (Link(2, 0, 50.0, 5.0),), "links[2] (2->0).alpha_us", "outside 0..1e+06 microseconds"),
         (gpus(3), RING3 + (Link(1, 1, 50.0),), "links[3] (1->1)", "self-loop"),
         (gpus(3), RING3 + (Link(0, 1, 25.0),), "links[3] (0->1)", "duplicates"),
         (gpus(3), RING3[:2], "links", "GPU 0 cannot be reached from GPU 1"),
@@ -361,8 +364,8 @@ def test_nominal_gpus_below_gpu_count():
     "key,value,field",
     [
         ("bandwidth_GBps", math.inf, "links[0] (0->1).bandwidth_GBps"),
-        ("alpha_us", math.inf, "links[0] (0->1).alpha"),
-        ("alpha_us", math.nan, "links[0] (0->1).alpha"),
+        ("alpha_us", math.inf, "links[0] (0->1).alpha_us"),
+        ("alpha_us", math.nan, "links[0] (0->1).alpha_us"),
     ],
 )
 def test_non_finite_bandwidth_or_alpha_is_rejected(key, value, field):
@@ -479,7 +482,7 @@ def _delete(path):
         (_delete(("links", 0, "bandwidth_GBps")), "links[0].bandwidth_GBps"),
         (_set(("links", 0, "bandwidth_GBps"), "50"), "links[0].bandwidth_GBps"),
         (_set(("links", 0, "bandwidth_GBps"), 0), "links[0] (0->1).bandwidth_GBps"),
-        (_set(("links", 0, "alpha_us"), -1), "links[0] (0->1).alpha"),
+        (_set(("links", 0, "alpha_us"), -1), "links[0] (0->1).alpha_us"),
         (_set(("links", 0, "dst"), 9), "links[0] (0->9).dst"),
         (_delete(("links", 0, "src")), "links[0].src"),
         (_set(("links", 0, "src"), 1.0), "links[0].src"),

@@ -89,6 +89,7 @@ class SynthOutcome:
         }
 
 
+UNTIMED_MAX_DELIVERIES = 500_000  # more, without a time limit, is refused (the search would have no end in sight)
 MAX_BETA_EPOCHS = 10_000  # a chunk over more epochs than this: the epoch is far too short
 OVERRUN_SECONDS = 5.0  # what a solve may take beyond --time-limit to finish and verify its best
 SECONDS_PER_SEND = 20e-6  # building and verifying the baseline, per send (measured: 8-16 us here)
@@ -107,6 +108,11 @@ def check_work(topo: Topology, demand: Demand, timing, time_limit: float | None)
     hops = 1.0 if demand.collective.multicast else max(1.0, math.sqrt(len(topo.gpus)) / 2)  # direct routes cross hops
     sends = demand.num_deliveries * hops
     est = sends * SECONDS_PER_SEND
+    if time_limit is None and demand.num_deliveries > UNTIMED_MAX_DELIVERIES:
+        raise InputError("time_limit", f"is needed for {demand.num_deliveries:,} deliveries ({demand.chunks:,} chunk(s) per block; "
+                         f"the baseline alone takes about {est:.0f} s here): without a limit the search is unbounded "
+                         f"(refused above {UNTIMED_MAX_DELIVERIES:,} deliveries)",
+                         f"give --time-limit, e.g. {max(600, math.ceil(est * 4))}, or use fewer --chunks")
     if time_limit is not None and est > time_limit + OVERRUN_SECONDS:
         raise InputError("time_limit", f"{demand.num_deliveries:,} deliveries ({demand.chunks:,} chunks per block): even the "
                          f"baseline schedule takes about {est:.0f} s to build and verify here, over {time_limit:g} s",

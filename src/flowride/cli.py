@@ -1,11 +1,19 @@
-"""flowride command line: parse, call the library, print. Bad input: one line, exit code 2."""
+"""flowride command line: parse, call the library, print.
+
+Exit codes (README, "Exit codes"): 0 success; 1 the input was understood and found wrong, or the
+work failed (an invalid schedule or algorithm, a failed run or training, wrong results); 2 bad
+input (an option or file the command cannot use); 130 interrupted. Errors are one line on stderr.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,13 +21,40 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from flowride.errors import InputError
+from flowride.argtypes import COUNT, PORT, SECONDS, THREADS, integer, number, out_dir, out_file
+from flowride.errors import InputError, InvalidSchedule
+from flowride.files import write_json_atomic
+from flowride.sizes import (
+    MAX_CHUNKS,
+    MAX_EPOCH_S,
+    MAX_GPUS,
+    MAX_GRID_CELLS,
+    MAX_MICROBATCHES,
+    MAX_STAGES,
+    MIN_EPOCH_S,
+)
 from flowride.units import format_size, parse_size
 
 console = Console()
 err = Console(stderr=True)
 # schedules that hold several model chunks per rank (both engines' names)
 MULTI_STAGE = frozenset({"interleaved", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev"})
+
+
+# library field names -> the option a user wrote them as
+OPTION_OF = {"size_bytes": "--size", "time_limit": "--time-limit", "epoch": "--epoch", "task store": "--run-dir",
+             "params": "--params", "timeout_s": "--timeout", "mip_gap": "--mip-gap", "threads": "--threads"}
+
+
+@contextmanager
+def _as_option(field: str, option: str) -> Iterator[None]:
+    """Within one command, the library's ``field`` is what the user wrote as ``option``."""
+    try:
+        yield
+    except InputError as e:
+        if e.field != field:
+            raise
+        raise InputError(option, e.problem, e.fix) from None
 
 
 def _say_error(msg: str) -> None:
@@ -35,18 +70,18 @@ class _Parser(argparse.ArgumentParser):
 
 def _topology_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topology", "-t", required=True, help="built-in name (see `flowride topologies`) or a topology JSON file")
-    p.add_argument("--chassis", type=int, help="chassis count (ndv2, dgx2, mi250)")
+    p.add_argument("--chassis", type=integer(1, 64, "chassis"), help="chassis count (ndv2, dgx2, mi250)")
     p.add_argument("--teccl-compat", action="store_true", default=None,
                    help="the published TE-CCL model (ndv2, dgx2): every switch copies and a switch->GPU hop costs only its alpha; "
                         "ndv2 x2 also models GPU 0 as a bufferless switch. Default: the physical model")
     p.add_argument("--switch-copy", choices=("on", "off"),
                    help="whether every switch can replicate a chunk (on: NVLS-class multicast; off: forwarding only). "
                         "Default: each preset's physical model (only h100's NVSwitch copies)")
-    p.add_argument("--n", type=int, help="GPU count (ring, full, switch)")
-    p.add_argument("--rows", type=int, help="rows (mesh, torus)")
-    p.add_argument("--cols", type=int, help="columns (mesh, torus)")
-    p.add_argument("--bandwidth", type=float, help="GB/s per link (generic topologies)")
-    p.add_argument("--alpha-us", type=float, help="link latency in microseconds (generic topologies)")
+    p.add_argument("--n", type=integer(2, MAX_GPUS, "GPUs"), help="GPU count (ring, full, switch)")
+    p.add_argument("--rows", type=integer(1, MAX_GPUS, "rows"), help="rows (mesh, torus)")
+    p.add_argument("--cols", type=integer(1, MAX_GPUS, "columns"), help="columns (mesh, torus)")
+    p.add_argument("--bandwidth", type=number(1e-3, 1e6, what="GB/s"), help="GB/s per link (generic topologies)")
+    p.add_argument("--alpha-us", type=number(0, 1e6, what="microseconds"), help="link latency in microseconds (generic topologies)")
 
 
 def _load_topology(a: argparse.Namespace):
@@ -86,8 +121,8 @@ def _epoch(text: str) -> str | float:
         v = float(text)
     except ValueError:
         raise InputError("--epoch", f"{text!r} is neither fast, slow nor seconds", "use fast, slow or e.g. 5e-6") from None
-    if not v > 0:
-        raise InputError("--epoch", f"{text} is not positive", "give seconds above zero")
+    if not (math.isfinite(v) and MIN_EPOCH_S <= v <= MAX_EPOCH_S):
+        raise InputError("--epoch", f"{text} s is outside {MIN_EPOCH_S:g}..{MAX_EPOCH_S:g} s", "use fast, slow or seconds, e.g. 5e-6")
     return v
 
 
@@ -190,14 +225,14 @@ def cmd_synth(a: argparse.Namespace) -> int:
     if not a.memory_limit > 0:
         raise InputError("--memory-limit", f"{a.memory_limit} GiB is not positive", "give GiB above zero, e.g. 8")
     speedups = parse_speedups(a.speedups)
-    with err.status("[bold]synth[/bold] building bounds and baseline") as st:
+    with err.status("[bold]synth[/bold] building bounds and baseline") as st, _as_option("chunks", "--chunks"):
         out = synthesize(topo, a.collective, size, epoch, a.chunks, a.time_limit, a.mip_gap, a.threads, _ProgressView(st),
                          method=a.method, memory_limit=int(a.memory_limit * 2**30), speedups=speedups, objective=a.objective)
     rep = out.report()
     if a.out:
         out.schedule.save(a.out)
     if a.report:
-        Path(a.report).write_text(json.dumps(rep, indent=1) + "\n")
+        write_json_atomic(a.report, rep, indent=1)
     console.print(_result_table(rep))
     if rep["status"] == "timeout":
         err.print(f"[yellow]time limit reached: best schedule returned, {rep['epoch_gap']} epoch(s) above the proven lower bound[/yellow]")
@@ -224,13 +259,7 @@ def _load_any_schedule(path: str):
 def cmd_verify(a: argparse.Namespace) -> int:
     from flowride.schedule import lower_bounds, simulate
 
-    try:
-        sched = _load_any_schedule(a.schedule)
-    except InputError as e:
-        if e.field != "program":  # an unreadable file, not a wrong algorithm
-            raise
-        print(f"invalid: {e.problem}", file=sys.stderr)
-        return 1
+    sched = _load_any_schedule(a.schedule)  # an algorithm found wrong on reading: InvalidSchedule, exit 1
     sim = simulate(sched)
     if not sim.valid:
         print(f"invalid: {sim.first_violation}", file=sys.stderr)
@@ -275,8 +304,12 @@ def cmd_show(a: argparse.Namespace) -> int:
     if a.trace:
         write_trace(sched, a.trace)
         console.print(f"Chrome trace (open in ui.perfetto.dev) written to {a.trace}")
-    state = f"valid, {sim.epochs} epochs, {sim.finish_time_s * 1e6:.3f} us" if sim.valid else f"INVALID: {sim.first_violation}"
-    console.print(f"{len(sched.sends)} sends on {len(sched.topology.links)} links; {state}")
+    if not sim.valid:  # drawn anyway (the picture shows where it goes wrong), but it is a failed check
+        console.print(f"{len(sched.sends)} sends on {len(sched.topology.links)} links")
+        print(f"invalid: {sim.first_violation}", file=sys.stderr)
+        return 1
+    console.print(f"{len(sched.sends)} sends on {len(sched.topology.links)} links; valid, {sim.epochs} epochs, "
+                  f"{sim.finish_time_s * 1e6:.3f} us")
     return 0
 
 
@@ -319,7 +352,7 @@ def cmd_run(a: argparse.Namespace) -> int:
             return 1
     rep = res.report()
     if a.report:
-        Path(a.report).write_text(json.dumps(rep, indent=1) + "\n")
+        write_json_atomic(a.report, rep, indent=1)
     if not res.ok:
         for e in res.errors[:10]:
             print(f"wrong: {e}", file=sys.stderr)
@@ -541,7 +574,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         rep = res.report()
         rep["harvest_mode"] = "none"
     if a.report:
-        Path(a.report).write_text(json.dumps(rep, indent=1) + "\n")
+        write_json_atomic(a.report, rep, indent=1)
     if a.timeline:
         write_png(res.ranks, res.gaps, a.timeline, f"{cfg.schedule}, p={cfg.stages}, m={cfg.microbatches} (last iteration)", side_steps=side_steps)
     if a.trace:
@@ -616,11 +649,21 @@ def cmd_profile_task(a: argparse.Namespace) -> int:
     from flowride.harvest.profile import profile_task
 
     params = _json_arg(a.params, "--params")
+    _check_params(a.task, params)
     prof = profile_task(a.task, params, a.steps, a.seconds)
     if a.out:
-        Path(a.out).write_text(json.dumps(prof, indent=1) + "\n")
+        write_json_atomic(a.out, prof, indent=1)
     console.print_json(json.dumps(prof))
     return 0
+
+
+def _check_params(task: str, params: dict) -> None:
+    from flowride.harvest.task import check_params
+
+    try:
+        check_params(task, params)
+    except InputError as e:
+        raise InputError("--params" if e.field == "params" else e.field, e.problem, e.fix) from None
 
 
 def _json_arg(text: str | None, field: str) -> dict:
@@ -639,11 +682,18 @@ def cmd_tasks(a: argparse.Namespace) -> int:
     from flowride.harvest.store import TaskStore
     from flowride.harvest.task import resolve
 
+    run_dir = Path(a.run_dir)
+    if not run_dir.is_dir():  # a store nobody reads: refuse rather than create it
+        raise InputError("--run-dir", f"{run_dir} does not exist" if not run_dir.exists() else f"{run_dir} is not a directory",
+                         "give the run directory of a training run (flowride train --run-dir), or create it first")
+    if a.action == "submit":
+        resolve(a.task)
+        params = _json_arg(a.params, "--params")
+        _check_params(a.task, params)
     store = TaskStore.in_run_dir(a.run_dir)
     try:
         if a.action == "submit":
-            resolve(a.task)
-            tid = store.submit(a.task, _json_arg(a.params, "--params"), a.priority, a.memory_mb)
+            tid = store.submit(a.task, params, a.priority, a.memory_mb)
             console.print(f"submitted task {tid} ({a.task})")
         elif a.action == "list":
             t = Table(title=f"side tasks in {a.run_dir}")
@@ -684,7 +734,7 @@ def cmd_profile_bubbles(a: argparse.Namespace) -> int:
     cfg = _train_config(a)
     res = _run_training(cfg)
     prof = res.profile()
-    Path(a.out).write_text(json.dumps(prof, indent=1) + "\n")
+    write_json_atomic(a.out, prof, indent=1)
     console.print(_bubble_table(res.report()))
     console.print(f"bubble profile written to {a.out}")
     return 0
@@ -694,6 +744,10 @@ def cmd_schedule_show(a: argparse.Namespace) -> int:
     from flowride.pipeline.schedules import build_schedule, render_grid, theoretical_bubble_fraction
 
     name = a.schedule.lower()
+    cells = a.stages * a.microbatches * a.chunks * 3  # forward, backward (and weight) per micro-batch and chunk
+    if cells > MAX_GRID_CELLS:
+        raise InputError("--microbatches", f"{a.stages} stages x {a.microbatches} micro-batches x {a.chunks} chunk(s) make about "
+                         f"{cells:,} cells, over the {MAX_GRID_CELLS:,} a text grid can show", "use fewer stages or micro-batches")
     instrs = build_schedule(name, a.stages, a.microbatches, a.chunks)
     console.print(render_grid(instrs, a.stages, a.microbatches, a.chunks), highlight=False, soft_wrap=True)
     console.print(f"theoretical bubble fraction: {theoretical_bubble_fraction(name, a.stages, a.microbatches, a.chunks):.4f}")
@@ -701,24 +755,24 @@ def cmd_schedule_show(a: argparse.Namespace) -> int:
 
 
 def _train_args(p: argparse.ArgumentParser, iters: int) -> None:
-    p.add_argument("--stages", "-p", type=int, default=2, help="pipeline stages (one process each)")
-    p.add_argument("--microbatches", "-m", type=int, default=8)
+    p.add_argument("--stages", "-p", type=integer(1, MAX_STAGES, "stages"), default=2, help="pipeline stages (one process each)")
+    p.add_argument("--microbatches", "-m", type=integer(1, MAX_MICROBATCHES, "micro-batches"), default=8)
     p.add_argument("--schedule", default="1f1b", help="builtin engine: gpipe, 1f1b, interleaved, zbh1; torch engine: "
                    "gpipe, 1f1b, interleaved1f1b, loopedbfs, interleavedzb, zbv, dualpipev")
     p.add_argument("--engine", default="auto", help="torch (torch.distributed.pipelining), builtin (flowride's instruction "
                    "lists) or auto (default: torch for the schedules torch has, builtin for interleaved and zbh1)")
-    p.add_argument("--chunks", "-v", type=int, default=None, help="model chunks per stage (interleaved; default 2 there, else 1)")
+    p.add_argument("--chunks", "-v", type=integer(1, 16, "chunks"), default=None, help="model chunks per stage (interleaved; default 2 there, else 1)")
     p.add_argument("--model", default="tiny", help="tiny, small or medium")
-    p.add_argument("--iters", type=int, default=iters)
-    p.add_argument("--microbatch-size", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--iters", type=integer(1, 10**7, "iterations"), default=iters)
+    p.add_argument("--microbatch-size", type=integer(1, 65536, "samples"), default=4)
+    p.add_argument("--seed", type=integer(0, 2**63 - 1, "a seed"), default=0)
+    p.add_argument("--lr", type=number(0, 100, lo_open=True, what="a learning rate"), default=1e-3)
     p.add_argument("--data", help="a text file to train on (bytes as tokens); default: generated tokens")
-    p.add_argument("--run-dir", default="runs/train", help="where ranks write their logs and records")
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds a rank may wait on a peer before the run fails")
+    p.add_argument("--run-dir", type=out_dir, default="runs/train", help="where ranks write their logs and records")
+    p.add_argument("--timeout", type=SECONDS, default=120.0, help="seconds a rank may wait on a peer before the run fails")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    p.add_argument("--min-bubble", type=float, default=0.002, help="seconds: waits predicted shorter are not announced")
+    p.add_argument("--threads", type=THREADS, default=1, help="torch threads per rank")
+    p.add_argument("--min-bubble", type=number(0, 60, what="seconds"), default=0.002, help="seconds: waits predicted shorter are not announced")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -730,19 +784,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--collective", "-c", default="allgather", help="allgather, alltoall, reducescatter or allreduce")
     s.add_argument("--size", "-s", required=True, help="buffer per GPU (AllGather output, ReduceScatter input), e.g. 16MB, 1GiB")
     s.add_argument("--epoch", default="fast", help="epoch length: fast, slow or seconds")
-    s.add_argument("--chunks", type=int, default=1, help="chunks per source block")
-    s.add_argument("--time-limit", type=float, help="seconds for the whole search; the best schedule so far is returned")
-    s.add_argument("--mip-gap", type=float, help="relative MIP gap at which a probe may stop")
-    s.add_argument("--threads", type=int, help="solver threads")
+    s.add_argument("--chunks", type=integer(1, MAX_CHUNKS, "chunks"), default=1, help="chunks per source block")
+    s.add_argument("--time-limit", type=SECONDS, help="seconds for the whole search; the best schedule so far is returned")
+    s.add_argument("--mip-gap", type=number(0, 1, what="a ratio"), help="relative MIP gap at which a probe may stop")
+    s.add_argument("--threads", type=THREADS, help="solver threads")
     s.add_argument("--method", default="auto", help="milp, lp (AlltoAll), astar or trees (AllGather-like), or auto (by instance size)")
-    s.add_argument("--memory-limit", type=float, default=8.0, help="GiB the MILP may use; a larger one is refused up front")
+    s.add_argument("--memory-limit", type=number(0, 1e4, lo_open=True, what="GiB"), default=8.0, help="GiB the MILP may use; a larger one is refused up front")
     s.add_argument("--speedups", default="default",
                    help="MILP search speed-ups: default, none, all, or a comma list of incumbent, bounds, warm_start, symmetry, parallel")
     s.add_argument("--objective", choices=("makespan", "weighted"), default="makespan",
                    help="AlltoAll LP route: makespan (search the horizon, then integral polish; default) or weighted "
                         "(the published TE-CCL objective: one LP rewarding delivery at epoch t by 1/(t+1))")
-    s.add_argument("--out", "-o", help="write the schedule JSON here")
-    s.add_argument("--report", help="write the report JSON here")
+    s.add_argument("--out", "-o", type=out_file, help="write the schedule JSON here")
+    s.add_argument("--report", type=out_file, help="write the report JSON here")
     s.set_defaults(func=cmd_synth)
 
     v = sub.add_parser("verify", help="replay a schedule (JSON) or an MSCCL algorithm (XML) and check it")
@@ -751,26 +805,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("export", help="write a schedule as an MSCCL algorithm XML")
     ex.add_argument("schedule")
-    ex.add_argument("--msccl", help="the XML file to write")
+    ex.add_argument("--msccl", type=out_file, help="the XML file to write")
     ex.add_argument("--unfused", action="store_true", help="only s, r, rrc and nop steps (what ASTRA-sim's converter reads)")
     ex.add_argument("--proto", default="Simple", choices=["Simple", "LL128", "LL"], help="MSCCL protocol attribute")
     ex.set_defaults(func=cmd_export)
 
     sh = sub.add_parser("show", help="draw a schedule: link-utilisation PNG and/or Chrome trace")
     sh.add_argument("schedule", help="schedule JSON or MSCCL XML")
-    sh.add_argument("--png", help="write a PNG of link utilisation over epochs")
-    sh.add_argument("--trace", help="write a Chrome-trace JSON (one track per link and per GPU)")
+    sh.add_argument("--png", type=out_file, help="write a PNG of link utilisation over epochs")
+    sh.add_argument("--trace", type=out_file, help="write a Chrome-trace JSON (one track per link and per GPU)")
     sh.set_defaults(func=cmd_show)
 
     rn = sub.add_parser("run", help="execute a schedule over torch.distributed and check it against torch's collective")
     rn.add_argument("schedule", help="schedule JSON or MSCCL XML")
     rn.add_argument("--size", "-s", help="buffer per rank (default: the schedule's size)")
-    rn.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
-    rn.add_argument("--warmup", type=int, default=1, help="untimed repeats first")
-    rn.add_argument("--timeout", type=float, default=120.0, help="seconds before a silent or hung rank fails the run")
+    rn.add_argument("--repeats", type=COUNT, default=5, help="timed repeats (median reported)")
+    rn.add_argument("--warmup", type=integer(0, 10**6, "repeats"), default=1, help="untimed repeats first")
+    rn.add_argument("--timeout", type=SECONDS, default=120.0, help="seconds before a silent or hung rank fails the run")
     rn.add_argument("--barrier-per-epoch", action="store_true", help="synchronise all ranks after every epoch (default: point-to-point dependencies only)")
     rn.add_argument("--mode", default="auto", choices=["auto", "dataflow", "ordered", "grouped"], help="how messages are issued (auto: dataflow on gloo, grouped on nccl)")
-    rn.add_argument("--report", help="write the report JSON here")
+    rn.add_argument("--report", type=out_file, help="write the report JSON here")
     rn.set_defaults(func=cmd_run)
 
     t = sub.add_parser("topologies", help="list the built-in topologies")
@@ -778,24 +832,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     tp = sub.add_parser("topology", help="build a topology and optionally save it as JSON")
     _topology_args(tp)
-    tp.add_argument("--out", "-o", help="write the topology JSON here")
+    tp.add_argument("--out", "-o", type=out_file, help="write the topology JSON here")
     tp.set_defaults(func=cmd_topology)
 
     tr = sub.add_parser("train", help="pipeline-parallel training that reports its bubbles")
     _train_args(tr, 20)
-    tr.add_argument("--report", help="write the report JSON here")
-    tr.add_argument("--timeline", help="write a timeline PNG here")
-    tr.add_argument("--trace", help="write a Chrome trace JSON here")
-    tr.add_argument("--bubble-port", type=int, help="UDP port on 127.0.0.1 to publish bubble events to")
+    tr.add_argument("--report", type=out_file, help="write the report JSON here")
+    tr.add_argument("--timeline", type=out_file, help="write a timeline PNG here")
+    tr.add_argument("--trace", type=out_file, help="write a Chrome trace JSON here")
+    tr.add_argument("--bubble-port", type=PORT, help="UDP port on 127.0.0.1 to publish bubble events to")
     tr.add_argument("--bubble-profile", help="bubble profile JSON (from profile-bubbles) for predicted bubble ends")
     tr.add_argument("--side-tasks", help="comma-separated side tasks to run in the bubbles (e.g. pagerank,cnn,image)")
     tr.add_argument("--harvest", default="freeride", help="none, freeride, naive or priority (with --side-tasks)")
     tr.add_argument("--baseline-report", help="a none-mode train report to measure overhead against (else one is run first)")
-    tr.add_argument("--price-main", type=float, default=None, help="training job price per hour (default: stages x 1)")
-    tr.add_argument("--price-ref", type=float, default=1.0, help="reference device price per hour (default 1)")
-    tr.add_argument("--paired-block", type=int, default=2,
+    tr.add_argument("--price-main", type=number(0, 1e9, lo_open=True, what="a price"), default=None, help="training job price per hour (default: stages x 1)")
+    tr.add_argument("--price-ref", type=number(0, 1e9, lo_open=True, what="a price"), default=1.0, help="reference device price per hour (default 1)")
+    tr.add_argument("--paired-block", type=integer(0, 10**6, "iterations"), default=2,
                     help="harvesting alternates on/off in randomized blocks of this many iterations (0: separate runs only)")
-    tr.add_argument("--budget", type=float, default=2.0, help="the training owner's overhead budget in percent (default 2)")
+    tr.add_argument("--budget", type=number(0, 100, lo_open=True, what="percent"), default=2.0, help="the training owner's overhead budget in percent (default 2)")
     tr.set_defaults(func=cmd_train)
 
     mg = sub.add_parser("manager", help="inspect, restart or stop a run's side-task manager (works while training runs)")
@@ -806,9 +860,9 @@ def build_parser() -> argparse.ArgumentParser:
     pt = sub.add_parser("profile-task", help="run a side task alone: step time, throughput, peak memory")
     pt.add_argument("task")
     pt.add_argument("--params", help="task parameters as a JSON object")
-    pt.add_argument("--steps", type=int, default=30)
-    pt.add_argument("--seconds", type=float, default=5.0)
-    pt.add_argument("--out", "-o")
+    pt.add_argument("--steps", type=COUNT, default=30, help="steps to time (at most)")
+    pt.add_argument("--seconds", type=SECONDS, default=5.0, help="seconds to run (at most)")
+    pt.add_argument("--out", "-o", type=out_file, help="write the profile JSON here")
     pt.set_defaults(func=cmd_profile_task)
 
     tk = sub.add_parser("tasks", help="side tasks in a run's durable store (works while training runs)")
@@ -816,42 +870,50 @@ def build_parser() -> argparse.ArgumentParser:
     ts = tsub.add_parser("submit")
     ts.add_argument("task")
     ts.add_argument("--params")
-    ts.add_argument("--priority", type=int, default=0)
-    ts.add_argument("--memory-mb", type=int)
+    ts.add_argument("--priority", type=integer(-1000, 1000, "a priority"), default=0, help="higher runs first")
+    ts.add_argument("--memory-mb", type=integer(1, 10**7, "MB"), help="memory cap of the task")
     tsub.add_parser("list")
     for name in ("show", "cancel"):
         tx = tsub.add_parser(name)
-        tx.add_argument("id", type=int)
+        tx.add_argument("id", type=integer(1, 2**62, "a task id"))
     for sp in tsub.choices.values():
-        sp.add_argument("--run-dir", default="runs/train", help="the training run's directory")
+        sp.add_argument("--run-dir", type=out_dir, default="runs/train", help="the training run's directory")
     tk.set_defaults(func=cmd_tasks)
 
     pb = sub.add_parser("profile-bubbles", help="run a few iterations and write a bubble profile")
     _train_args(pb, 6)
-    pb.add_argument("--out", "-o", default="bubble-profile.json")
+    pb.add_argument("--out", "-o", type=out_file, default="bubble-profile.json")
     pb.set_defaults(func=cmd_profile_bubbles)
 
     ss = sub.add_parser("schedule-show", help="print a pipeline schedule's instructions as a grid")
     ss.add_argument("schedule", help="gpipe, 1f1b, interleaved or zbh1")
-    ss.add_argument("--stages", "-p", type=int, default=4)
-    ss.add_argument("--microbatches", "-m", type=int, default=8)
-    ss.add_argument("--chunks", "-v", type=int, default=None)
+    ss.add_argument("--stages", "-p", type=integer(1, MAX_STAGES, "stages"), default=4)
+    ss.add_argument("--microbatches", "-m", type=integer(1, MAX_MICROBATCHES, "micro-batches"), default=8)
+    ss.add_argument("--chunks", "-v", type=integer(1, 16, "chunks"), default=None)
     ss.set_defaults(func=cmd_schedule_show)
 
     d = sub.add_parser("demo", help="a short showcase: synthesis on built-in topologies, then harvesting bubbles")
-    d.add_argument("--out-dir", default="runs/demo", help="where the harvest demo writes its runs and timeline")
+    d.add_argument("--out-dir", type=out_dir, default="runs/demo", help="where the harvest demo writes its runs and timeline")
     d.add_argument("--no-harvest", action="store_true", help="only the synthesis part")
     d.set_defaults(func=cmd_demo)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # a usage error (already printed) or --help: a code, for callers of main() too
+        return e.code if isinstance(e.code, int) else 2
     if getattr(args, "chunks", 0) is None:  # pipeline commands: multi-stage schedules hold 2 chunks by default
         args.chunks = 2 if str(args.schedule).lower() in MULTI_STAGE else 1
     try:
         return int(args.func(args) or 0)
+    except InvalidSchedule as e:  # understood and found wrong: a failed verification, not a usage error
+        print(f"invalid: {e}", file=sys.stderr)
+        return 1
     except InputError as e:
+        if e.field in OPTION_OF:  # the library's name for what the user wrote as an option
+            e = InputError(OPTION_OF[e.field], e.problem, e.fix)
         _say_error(str(e))
         return 2
     except _RunFailed as e:

@@ -1,39 +1,167 @@
-"""Reading and writing the JSON files users hand us, with errors a user can act on."""
+"""Reading and writing the files users hand us and the files we hand back.
+
+Every file flowride writes goes through :func:`atomic_write`: a temp file in the same directory,
+flushed and fsynced, then renamed over the target. A crash or a full disk never leaves half a
+file behind, and a reader sees the old file or the new one. The result gets the permissions a
+plain ``open(path, "w")`` would give (0666 less the umask), not mkstemp's 0600.
+
+Output paths are checked before any work starts (:func:`check_output_file`,
+:func:`check_output_dir`), so an unwritable ``--out`` fails in a second, not after an hour's solve.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from flowride.errors import InputError
+from flowride.sizes import MAX_JSON_MIB
+
+MAX_JSON_BYTES = MAX_JSON_MIB * 2**20  # an input JSON larger than this is refused before it is parsed
+
+_umask_lock = threading.Lock()
 
 
-def read_json(path: str | Path, field: str, fix: str) -> Any:
-    """Parsed JSON of ``path``; an unreadable file or bad JSON is an InputError on ``field``."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError(field, f"cannot read {p}: {e.strerror}", fix) from None
+def _umask() -> int:
+    with _umask_lock:  # os.umask can only be read by setting it
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def parse_json_text(text: str, field: str, where: str = "") -> Any:
+    """``json.loads`` with a size guard; bad or absurdly nested JSON is an InputError on ``field``."""
+    where = where or field
+    if len(text) > MAX_JSON_BYTES:
+        raise InputError(field, f"{where} is {len(text) / 2**20:.0f} MiB, over the {MAX_JSON_BYTES >> 20} MiB limit",
+                         "give a smaller file")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise InputError(field, f"{p} is not valid JSON (line {e.lineno}: {e.msg})", "fix the file") from None
+        raise InputError(field, f"{where} is not valid JSON (line {e.lineno}: {e.msg})", "fix the file") from None
+    except RecursionError:  # thousands of nested brackets: no flowride file nests like that
+        raise InputError(field, f"{where} nests too deeply to be a flowride file", "fix the file") from None
 
 
-def write_json_atomic(path: str | Path, data: Any, indent: int | None = None) -> None:
-    """Write via a temp file and rename, so a crash never leaves half a file behind."""
+def read_json(path: str | Path, field: str, fix: str) -> Any:
+    """Parsed JSON of ``path``; an unreadable, oversized, too deep or bad JSON file is an
+    InputError on ``field``."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(field, f"{p} is a directory", fix)
+    try:
+        size = p.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise InputError(field, f"{p} is {size / 2**20:.0f} MiB, over the {MAX_JSON_BYTES >> 20} MiB limit", "give a smaller file")
+        text = p.read_text()
+    except OSError as e:
+        raise InputError(field, f"cannot read {p}: {e.strerror}", fix) from None
+    except UnicodeDecodeError:
+        raise InputError(field, f"{p} is not UTF-8 text", fix) from None
+    return parse_json_text(text, field, str(p))
+
+
+@contextmanager
+def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
+    """A file object whose contents replace ``path`` only when the block ends without error."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"mode {mode!r}: use 'w' or 'wb'")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name, suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=indent, separators=None if indent else (",", ":"))
-            f.write("\n")
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    with atomic_write(path) as f:
+        f.write(text)
+
+
+def write_json_atomic(path: str | Path, data: Any, indent: int | None = None, sort_keys: bool = False) -> None:
+    """JSON (compact unless ``indent``), newline-terminated, written atomically."""
+    with atomic_write(path) as f:
+        json.dump(data, f, indent=indent, separators=None if indent else (",", ":"), sort_keys=sort_keys)
+        f.write("\n")
+
+
+def write_with(path: str | Path, writer: Callable[[IO], None], binary: bool = True) -> None:
+    """Atomically write what ``writer(file)`` writes (e.g. ``fig.savefig``, ``torch.save``)."""
+    with atomic_write(path, "wb" if binary else "w") as f:
+        writer(f)
+
+
+def _cannot_write_in(d: Path) -> str | None:
+    """Why no file can be created in directory ``d`` (None if one can). Tried for real, with a
+    temp file removed at once: permission bits do not tell (root, read-only mounts, /proc)."""
+    try:
+        fd, name = tempfile.mkstemp(dir=d, prefix=".flowride-probe-")
+    except OSError as e:
+        return (e.strerror or str(e)).lower()
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def _nearest_existing(p: Path) -> Path:
+    q = p
+    while not q.exists():
+        if q.parent == q:
+            break
+        q = q.parent
+    return q
+
+
+def check_output_file(path: str | Path, field: str) -> Path:
+    """An output file we will be able to write: not a directory, its parent an existing,
+    writable directory. Checked before the work, so a typo costs a second, not the run."""
+    p = Path(path)
+    if str(path).strip() == "":
+        raise InputError(field, "is empty", "give a file name")
+    if p.is_dir():
+        raise InputError(field, f"{p} is a directory", "give a file name inside it")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.exists():
+        raise InputError(field, f"the directory {parent} does not exist", "create it first or give another path")
+    if not parent.is_dir():
+        raise InputError(field, f"{parent} is not a directory", "give a path inside a directory")
+    why = _cannot_write_in(parent)
+    if why:
+        raise InputError(field, f"cannot write in {parent} ({why})", "give a path in a directory you can write")
+    return p
+
+
+def check_output_dir(path: str | Path, field: str) -> Path:
+    """A directory we will be able to create or write into: an existing writable directory,
+    or a path whose nearest existing ancestor is a writable directory."""
+    p = Path(path)
+    if str(path).strip() == "":
+        raise InputError(field, "is empty", "give a directory")
+    if p.exists():
+        if not p.is_dir():
+            raise InputError(field, f"{p} is a file, not a directory", "give a directory")
+        why = _cannot_write_in(p)
+        if why:
+            raise InputError(field, f"cannot write in {p} ({why})", "give a directory you can write")
+        return p
+    anc = _nearest_existing(p.absolute())
+    if not anc.is_dir():
+        raise InputError(field, f"{anc} is a file, so {p} cannot be created", "give another directory")
+    why = _cannot_write_in(anc)
+    if why:
+        raise InputError(field, f"cannot create {p} in {anc} ({why})", "give a directory you can write")
+    return p

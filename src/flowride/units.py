@@ -4,6 +4,7 @@ import math
 import re
 
 from flowride.errors import InputError
+from flowride.sizes import MAX_BUFFER_BYTES
 
 _UNITS = {
     "": 1,
@@ -34,6 +35,8 @@ def parse_size(text: str | int | float, field: str = "size") -> int:
     nbytes = value * _UNITS[unit]
     if not math.isfinite(nbytes) or int(round(nbytes)) < 1:
         raise InputError(field, f"{text!r} is not a size of at least one byte", "give a size above zero, e.g. 1MB")
+    if nbytes > MAX_BUFFER_BYTES:
+        raise InputError(field, f"{text!r} is over the limit of {MAX_BUFFER_BYTES:.0e} bytes (1 PB) per GPU", "give a smaller size")
     return int(round(nbytes))
 
 

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +25,7 @@ import torch
 from flowride.comm.result import EXIT_OK, EXIT_WRONG, RunResult
 from flowride.comm.serialize import check_structure, save_program
 from flowride.errors import InputError
+from flowride.ranks import JsonLines, RankGroup
 from flowride.schedule.ir import Schedule
 from flowride.schedule.program import Program, lower
 
@@ -51,44 +49,11 @@ def as_program(schedule_or_program: Schedule | Program) -> Program:
     raise InputError("schedule", f"a {type(schedule_or_program).__name__} is neither a Schedule nor a Program", "pass a schedule or lower() it first")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _read(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _stop(procs: list[subprocess.Popen], grace: float = 3.0) -> None:
-    """SIGTERM every rank's process group, SIGKILL what is left after ``grace`` seconds."""
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
 
 
 EXTERNAL_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -134,13 +99,15 @@ def _first_failure(run_dir: Path, bad: list[tuple[int, int]], exited_at: dict[in
     return rank, msg
 
 
-def _diagnose_hang(run_dir: Path, procs: list[subprocess.Popen], timeout_s: float) -> tuple[int | None, str]:
-    """Blame the ranks that are not waiting for a peer (busy or stopped) for a run that timed out."""
+def _diagnose_hang(run_dir: Path, ranks: RankGroup, timeout_s: float) -> tuple[int | None, str]:
+    """Blame the ranks that are not waiting for a peer (stopped or busy) for a run that timed out.
+    A rank the kernel reports stopped comes first: its state file may still look fresh."""
     now = time.time()
-    suspects: list[tuple[int, str]] = []
+    stopped = ranks.stopped()
+    suspects: list[tuple[int, str]] = [(r, "is stopped (SIGSTOP or a debugger)") for r in stopped]
     waiting: list[str] = []
-    for r, p in enumerate(procs):
-        if p.poll() is not None:
+    for r, p in enumerate(ranks.procs):
+        if p.poll() is not None or r in stopped:
             continue
         st = _read(run_dir / f"rank{r}.state")
         if st is None:
@@ -157,6 +124,17 @@ def _diagnose_hang(run_dir: Path, procs: list[subprocess.Popen], timeout_s: floa
         desc = "; ".join(f"rank {r} {why}" for r, why in suspects)
         return suspects[0][0], f"{head}: {desc}{tail}"
     return None, f"{head}: every rank is waiting for another (a deadlock){tail}"
+
+
+RUN_COPIES = 4  # buffers per rank of the run's size: input, output, scratch, torch's reference
+
+
+def _memory_bytes() -> int:
+    """Physical memory of this machine (0 if unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _pick_device(n: int, device: str) -> str:
@@ -215,100 +193,91 @@ def run_schedules(items: list[Schedule | Program], size_bytes: int | list[int | 
     for s in sizes:
         if not isinstance(s, int) or s < 1:
             raise InputError("size_bytes", f"{s!r} is not a positive size", "give the per-rank buffer size in bytes")
+    need = n * max(sizes) * RUN_COPIES
+    have = _memory_bytes()
+    if have and need > 0.8 * have:
+        raise InputError("size_bytes", f"{max(sizes):,} bytes per rank need about {need / 2**30:.1f} GiB on {n} ranks "
+                         f"(input, output, scratch and torch's reference), over 80% of this machine's {have / 2**30:.1f} GiB",
+                         "give a smaller size")
     dev = _pick_device(n, device)
     backend = backend or ("nccl" if dev == "cuda" else "gloo")
     if backend not in ("gloo", "nccl"):
         raise InputError("backend", f"{backend!r} is unknown", "use gloo or nccl")
     own_dir = run_dir is None
     rd = Path(tempfile.mkdtemp(prefix="flowride-comm-")) if own_dir else Path(run_dir)
-    rd.mkdir(parents=True, exist_ok=True)
-    for old in [*rd.glob("rank*.*"), rd / "progress.jsonl", rd / "report.json"]:
-        old.unlink(missing_ok=True)
-    paths = []
-    for k, prog in enumerate(progs):
-        paths.append(str(rd / f"program{k}.json"))
-        save_program(prog, paths[-1])
-    port = free_port()
-    src_root = str(Path(__file__).resolve().parents[2])
-    procs: list[subprocess.Popen] = []
     t0 = time.monotonic()
-    try:
-        for rank in range(n):
-            e = dict(os.environ)
-            e.update({
-                "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(n),
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-                "PYTHONPATH": src_root + os.pathsep + e.get("PYTHONPATH", ""),
-            })
-            e.update(env or {})
+    with RankGroup(rd, n, remove_dir=own_dir) as ranks:  # from here on the dir goes, whatever happens
+        rd.mkdir(parents=True, exist_ok=True)
+        for old in [*rd.glob("rank*.*"), rd / "progress.jsonl", rd / "report.json"]:
+            old.unlink(missing_ok=True)
+        paths = []
+        for k, prog in enumerate(progs):
+            paths.append(str(rd / f"program{k}.json"))
+            save_program(prog, paths[-1])
+
+        def command(rank: int) -> list[str]:
             cmd = [sys.executable, "-m", "flowride.comm.worker", "--program", *paths, "--out", str(rd),
                    "--size-bytes", *map(str, sizes), "--repeats", str(repeats), "--warmup", str(warmup),
                    # a single wait gives up later than the whole run does, so the launcher, which
                    # can tell who stalled, is the one to report a hang
                    "--timeout-s", str(timeout_s + 30), "--backend", backend, "--device", dev, "--mode", mode]
-            if barrier_per_epoch:
-                cmd.append("--barrier-per-epoch")
-            with open(rd / f"rank{rank}.log", "w") as log:
-                procs.append(subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        if progress:
-            progress({"event": "spawned", "ranks": n})
-        seen = 0
-        prog_file = rd / "progress.jsonl"
+            return [*cmd, "--barrier-per-epoch"] if barrier_per_epoch else cmd
 
-        def forward() -> None:
-            nonlocal seen
-            if progress and prog_file.exists():
-                lines = prog_file.read_text().splitlines()
-                for line in lines[seen:]:
-                    try:
-                        progress(json.loads(line))
-                    except ValueError:  # a line being written; read it next time
-                        break
-                    seen += 1
+        ranks.start(command, lambda rank: ranks.rank_env(rank, 1, env))
+        return _watch(ranks, rd, n, timeout_s, t0, progress)
 
-        exited_at: dict[int, float] = {}
-        while True:
-            codes = [p.poll() for p in procs]
-            now = time.time()
-            for r, c in enumerate(codes):
-                if c is not None:
-                    exited_at.setdefault(r, now)
-            forward()
-            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, EXIT_OK, EXIT_WRONG)]
-            if bad:
-                # the first rank to exit may only be echoing a peer's failure (its receive broke
-                # when the peer's connection closed): give the cause a moment to report itself
-                settle = time.monotonic() + ECHO_SETTLE_S
-                while time.monotonic() < settle and not _has_cause(rd, bad):
-                    time.sleep(0.05)
-                    codes = [p.poll() for p in procs]
-                    now = time.time()
-                    for r, c in enumerate(codes):
-                        if c is not None:
-                            exited_at.setdefault(r, now)
-                    bad = [(r, c) for r, c in enumerate(codes) if c not in (None, EXIT_OK, EXIT_WRONG)]
-                bad += [(r, 1) for r in range(len(procs)) if codes[r] is None and (rd / f"rank{r}.error").exists()]
-                _stop(procs)
-                rank, why = _first_failure(rd, bad, exited_at)
-                raise CommFailed(rank, f"rank {rank} failed: {why}", _tail(rd / f"rank{rank}.log"))
-            if all(c is not None for c in codes):
-                break
-            if time.monotonic() - t0 > timeout_s:
-                rank, why = _diagnose_hang(rd, procs, timeout_s)
-                _stop(procs)
-                raise CommFailed(rank, why, "" if rank is None else _tail(rd / f"rank{rank}.log"))
-            time.sleep(0.05)
+
+def _watch(ranks: RankGroup, rd: Path, n: int, timeout_s: float, t0: float,
+           progress: Callable[[dict], None] | None) -> list[RunResult]:
+    """Follow the ranks until they all finish, one fails, or the run passes ``timeout_s``."""
+    procs = ranks.procs
+    if progress:
+        progress({"event": "spawned", "ranks": n})
+    forward = JsonLines(rd / "progress.jsonl", progress)
+
+    exited_at: dict[int, float] = {}
+    while True:
+        codes = [p.poll() for p in procs]
+        now = time.time()
+        for r, c in enumerate(codes):
+            if c is not None:
+                exited_at.setdefault(r, now)
         forward()
-        rep = _read(rd / "report.json")
-        if rep is None:
-            raise CommFailed(0, "rank 0 finished without writing a report", _tail(rd / "rank0.log"))
-        results = [RunResult.from_report(r) for r in rep["results"]]
-        for r in results:
-            r.wall_s = time.monotonic() - t0
-        if progress:
-            progress({"event": "done"})
-        return results
-    finally:
-        _stop(procs)
-        if own_dir:
-            shutil.rmtree(rd, ignore_errors=True)
+        bad = [(r, c) for r, c in enumerate(codes) if c not in (None, EXIT_OK, EXIT_WRONG)]
+        if bad:
+            # the first rank to exit may only be echoing a peer's failure (its receive broke
+            # when the peer's connection closed): give the cause a moment to report itself
+            settle = time.monotonic() + ECHO_SETTLE_S
+            while time.monotonic() < settle and not _has_cause(rd, bad):
+                time.sleep(0.05)
+                codes = [p.poll() for p in procs]
+                now = time.time()
+                for r, c in enumerate(codes):
+                    if c is not None:
+                        exited_at.setdefault(r, now)
+                bad = [(r, c) for r, c in enumerate(codes) if c not in (None, EXIT_OK, EXIT_WRONG)]
+            bad += [(r, 1) for r in range(len(procs)) if codes[r] is None and (rd / f"rank{r}.error").exists()]
+            stopped = ranks.stopped()
+            if stopped:  # peers gave up on a stopped rank: it is the cause, not they
+                ranks.stop()
+                raise CommFailed(stopped[0], f"rank {stopped[0]} is stopped (SIGSTOP or a debugger); its peers failed waiting for it")
+            ranks.stop()
+            rank, why = _first_failure(rd, bad, exited_at)
+            raise CommFailed(rank, f"rank {rank} failed: {why}", ranks.tail(rank))
+        if all(c is not None for c in codes):
+            break
+        if time.monotonic() - t0 > timeout_s:
+            rank, why = _diagnose_hang(rd, ranks, timeout_s)
+            ranks.stop()
+            raise CommFailed(rank, why, "" if rank is None else ranks.tail(rank))
+        time.sleep(0.05)
+    forward()
+    rep = _read(rd / "report.json")
+    if rep is None:
+        raise CommFailed(0, "rank 0 finished without writing a report", ranks.tail(0))
+    results = [RunResult.from_report(r) for r in rep["results"]]
+    for r in results:
+        r.wall_s = time.monotonic() - t0
+    if progress:
+        progress({"event": "done"})
+    return results

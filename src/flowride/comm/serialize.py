@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from flowride.collectives.demand import Collective
-from flowride.errors import InputError
+from flowride.errors import InputError, InvalidSchedule
 from flowride.files import read_json, write_json_atomic
 from flowride.schedule.program import GpuProgram, Program, Step
 
@@ -55,13 +55,26 @@ def program_to_dict(prog: Program) -> dict[str, Any]:
     }
 
 
+GPU_KEYS = ("rank", "node", "i_chunks", "o_chunks", "s_chunks", "steps")
+
+
 def program_from_dict(data: Any) -> Program:
     """Inverse of :func:`program_to_dict`; bad data is an InputError naming the field."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise InputError("program", "is not a flowride program", f"expected a JSON object with schema {SCHEMA!r}")
+    known = ("schema", "name", "collective", "chunks", "chunk_bytes", "gpus")
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise InputError(f"program.{unknown[0]}", "is not a known key", f"known keys: {', '.join(known)}")
     for key in ("name", "collective", "chunks", "gpus"):
         if key not in data:
             raise InputError(key, "is missing from the program", "write it with flowride.comm.save_program")
+    for r, g in enumerate(data["gpus"] if isinstance(data["gpus"], list) else []):
+        extra = sorted(set(g) - set(GPU_KEYS)) if isinstance(g, dict) else []
+        if extra:
+            raise InputError(f"gpus[{r}].{extra[0]}", "is not a known key", f"known keys: {', '.join(GPU_KEYS)}")
+    if not isinstance(data["gpus"], list):
+        raise InputError("gpus", "is not a list", "write it with flowride.comm.save_program")
     chunks = data["chunks"]
     if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks < 1:
         raise InputError("chunks", f"{chunks!r} is not a positive integer", "give chunks per block")
@@ -146,4 +159,4 @@ def check_structure(prog: Program) -> None:
     problems = structural_problems(prog)
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise InputError("program", "; ".join(problems[:3]) + more, "lower a verified schedule, or fix the program")
+        raise InvalidSchedule("program", "; ".join(problems[:3]) + more, "lower a verified schedule, or fix the program")

@@ -13,12 +13,13 @@ resumes the whole process with SIGSTOP / SIGCONT; SIGTERM asks it to save and ex
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import signal
 import sys
 import time
 from pathlib import Path
+
+from flowride.files import write_with
 
 _yield_now = False
 
@@ -34,10 +35,7 @@ def _emit(obj: dict) -> None:
 
 
 def _save(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        pickle.dump(state, f)
-    os.replace(tmp, path)
+    write_with(path, lambda f: pickle.dump(state, f))
 
 
 def host_iterative(name: str, params: dict, ckpt: Path) -> int:

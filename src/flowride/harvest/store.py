@@ -45,6 +45,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     saved REAL NOT NULL
 );
 """
+TASK_COLUMNS = frozenset({"id", "name", "params", "priority", "memory_limit_mb", "state", "reason", "stage", "steps",
+                          "units", "busy_s", "overruns", "restarts", "cancel_requested", "created", "updated"})
 
 
 @dataclass
@@ -83,12 +85,23 @@ def _record(row: sqlite3.Row) -> TaskRecord:
 class TaskStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(SCHEMA)
+        fix = "give the run directory of a training run; move the damaged file aside to start a new store"
+        if self.path.is_dir():
+            raise InputError("task store", f"{self.path} is a directory, not a task store", fix)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+            have = {r[1] for r in self.db.execute("PRAGMA table_info(tasks)")}
+        except (sqlite3.DatabaseError, OSError) as e:
+            raise InputError("task store", f"{self.path} cannot be used as a task store ({e})", fix) from None
+        missing = sorted(TASK_COLUMNS - have)
+        if missing:
+            self.db.close()
+            raise InputError("task store", f"{self.path} is not a flowride task store (its 'tasks' table has no {', '.join(missing)})", fix)
 
     @classmethod
     def in_run_dir(cls, run_dir: str | Path) -> TaskStore:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowride.errors import InputError
+
 
 class IterativeTask(ABC):
     """A side task that advances in short, separately schedulable steps.
@@ -115,3 +117,16 @@ def make_task(name: str, params: dict[str, Any] | None = None) -> IterativeTask 
     if isinstance(factory, ImperativeSpec):
         return factory
     return factory(**(params or {}))
+
+
+def check_params(name: str, params: dict[str, Any]) -> None:
+    """Build the task from ``params`` once, here, so unknown keys or bad values are refused when
+    the task is submitted (an InputError on ``params``), not hours later in the manager. Task
+    constructors only parse their parameters; the work starts in ``setup``."""
+    factory = resolve(name)
+    if isinstance(factory, ImperativeSpec):
+        return
+    try:
+        factory(**params)
+    except (ValueError, TypeError) as e:
+        raise InputError("params", str(e), f"see the parameters of {name} in docs/harvest.md") from None

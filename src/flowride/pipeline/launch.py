@@ -1,43 +1,29 @@
 """Spawn one process per stage on this machine (the torchrun way) and watch them.
 
-Each rank is ``python -m flowride.pipeline.worker run_dir/config.json`` with RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR=127.0.0.1 and a free MASTER_PORT. If any rank fails, the others are
-terminated (then killed) and the run fails with that rank's error; a hung run fails at the wall
-timeout. No process is left behind.
+Each rank is ``python -m flowride.pipeline.worker run_dir/config.json``, started by
+:class:`flowride.ranks.RankGroup` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1 and the
+launcher's rendezvous store; ranks die with the launcher). If any rank fails, the others are
+stopped and the run fails with the first failure's error; a rank stopped by a signal is named
+as the cause; a hung run fails at the wall timeout. No process is left behind.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from flowride.files import write_text_atomic
 from flowride.pipeline.config import TrainConfig
+from flowride.ranks import JsonLines, RankGroup
 
 
 class TrainingFailed(RuntimeError):
     def __init__(self, rank: int | None, message: str) -> None:
         self.rank = rank
         super().__init__(message)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _tail(path: Path, lines: int = 12) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def _first_failure(run_dir: Path, bad: list[tuple[int, int]]) -> tuple[int, str]:
@@ -55,25 +41,6 @@ def _first_failure(run_dir: Path, bad: list[tuple[int, int]]) -> tuple[int, str]
     return rank, f"exit code {code}"
 
 
-def _stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + grace
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
-
-
 def launch(cfg: TrainConfig, on_progress: Callable[[dict], None] | None = None, wall_timeout: float | None = None,
            extra_env: dict[int, dict[str, str]] | None = None) -> list[dict]:
     """Run the training; returns each rank's record (rank0.json ...). Raises TrainingFailed."""
@@ -83,54 +50,44 @@ def launch(cfg: TrainConfig, on_progress: Callable[[dict], None] | None = None, 
     for old in [f for pat in stale for f in run_dir.glob(pat)] + [run_dir / "progress.jsonl"]:
         old.unlink(missing_ok=True)
     cfg_path = run_dir / "config.json"
-    cfg_path.write_text(cfg.to_json())
-    port = free_port()
-    procs: list[subprocess.Popen] = []
-    logs = []
-    src_root = str(Path(__file__).resolve().parents[2])
-    for rank in range(cfg.stages):
-        env = dict(os.environ)
-        env.update({
-            "RANK": str(rank), "WORLD_SIZE": str(cfg.stages), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(cfg.stages),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(cfg.threads),
-            "PYTHONPATH": src_root + os.pathsep + env.get("PYTHONPATH", ""),
-        })
-        env.update((extra_env or {}).get(rank, {}))
-        log = run_dir / f"rank{rank}.log"
-        logs.append(log)
-        with open(log, "w") as fh:
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "flowride.pipeline.worker", str(cfg_path)],
-                env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            ))
+    write_text_atomic(cfg_path, cfg.to_json())
     wall = wall_timeout if wall_timeout is not None else cfg.timeout_s + 60 + 30 * cfg.iters
-    t0 = time.monotonic()
-    seen = 0
-    progress = run_dir / "progress.jsonl"
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            if on_progress and progress.exists():
-                lines = progress.read_text().splitlines()
-                for line in lines[seen:]:
-                    on_progress(json.loads(line))
-                seen = len(lines)
-            bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                # the first rank to fail is the cause; peers fail after it (connection reset)
-                _stop(procs)
-                first, why = _first_failure(run_dir, bad)
-                raise TrainingFailed(first, f"rank {first} failed: {why}\n{_tail(logs[first])}")
-            if all(c == 0 for c in codes):
-                break
-            if time.monotonic() - t0 > wall:
-                _stop(procs)
-                raise TrainingFailed(None, f"training did not finish within {wall:.0f} s; all ranks stopped")
-            time.sleep(0.05)
-    except BaseException:
-        _stop(procs)
-        raise
-    if on_progress and progress.exists():
-        for line in progress.read_text().splitlines()[seen:]:
-            on_progress(json.loads(line))
+    with RankGroup(run_dir, cfg.stages) as ranks:
+        ranks.start(lambda rank: [sys.executable, "-m", "flowride.pipeline.worker", str(cfg_path)],
+                    lambda rank: ranks.rank_env(rank, cfg.threads, (extra_env or {}).get(rank)))
+        _watch(ranks, run_dir, cfg.timeout_s, wall, on_progress)
     return [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(cfg.stages)]
+
+
+def _watch(ranks: RankGroup, run_dir: Path, peer_timeout_s: float, wall: float,
+           on_progress: Callable[[dict], None] | None) -> None:
+    """Follow the ranks until all finish; raise TrainingFailed naming the rank at fault.
+
+    A rank stopped (SIGSTOP) for ``peer_timeout_s`` fails the run at once, named: its peers
+    would otherwise time out in their own waits and take the blame."""
+    t0 = time.monotonic()
+    forward = JsonLines(run_dir / "progress.jsonl", on_progress)
+
+    while True:
+        codes = ranks.poll()
+        forward()
+        stopped = ranks.stopped()
+        bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        late = [r for r in stopped if ranks.stopped_for(r) >= peer_timeout_s]
+        if late or (bad and stopped):
+            r = (late or stopped)[0]
+            ranks.stop()
+            raise TrainingFailed(r, f"rank {r} is stopped (SIGSTOP or a debugger): no progress for "
+                                    f"{max(ranks.stopped_for(r), 0):.1f} s, over the {peer_timeout_s:g} s peer timeout")
+        if bad:
+            # the first rank to fail is the cause; peers fail after it (connection reset)
+            ranks.stop()
+            first, why = _first_failure(run_dir, bad)
+            raise TrainingFailed(first, f"rank {first} failed: {why}\n{ranks.tail(first, 12)}")
+        if all(c == 0 for c in codes):
+            break
+        if time.monotonic() - t0 > wall:
+            ranks.stop()
+            raise TrainingFailed(None, f"training did not finish within {wall:.0f} s; all ranks stopped")
+        time.sleep(0.05)
+    forward()

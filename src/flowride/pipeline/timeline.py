@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from flowride.files import write_json_atomic, write_with
 from flowride.pipeline.bubbles import Gap
 
 COLORS = {"F": "#4C72B0", "B": "#DD8452", "W": "#55A868", "O": "#8C8C8C"}
@@ -63,7 +63,7 @@ def write_png(ranks: list[dict], gaps: list[Gap], path: str | Path, title: str, 
         handles.append(Patch(facecolor="#2CA02C", label="side-task step"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=6, fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_with(path, lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)
 
 
@@ -93,4 +93,4 @@ def write_trace(ranks: list[dict], gaps: list[Gap], path: str | Path, side_steps
     ev.append({"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "side tasks"}})
     ev.append({"name": "process_name", "ph": "M", "pid": 0, "args": {"name": "compute"}})
     ev.append({"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "bubbles"}})
-    Path(path).write_text(json.dumps({"traceEvents": ev, "displayTimeUnit": "ms"}))
+    write_json_atomic(path, {"traceEvents": ev, "displayTimeUnit": "ms"})

@@ -7,7 +7,6 @@ bubble_fraction_theory and bubbles per stage and type.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from flowride.errors import InputError
+from flowride.files import read_json
 from flowride.pipeline.bubbles import Gap, analyse, iteration_gaps
 from flowride.pipeline.config import TrainConfig
 from flowride.pipeline.launch import launch
@@ -111,11 +111,8 @@ def check_profile(cfg: TrainConfig) -> None:
     if not cfg.profile:
         return
     p = Path(cfg.profile)
-    try:
-        prof = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise InputError("--bubble-profile", f"cannot read {p}: {e}", "make one with flowride profile-bubbles") from None
-    if prof.get("schema") != PROFILE_SCHEMA:
+    prof = read_json(p, "--bubble-profile", "make one with flowride profile-bubbles")
+    if not isinstance(prof, dict) or prof.get("schema") != PROFILE_SCHEMA:
         raise InputError("--bubble-profile", f"{p} is not a bubble profile of this flowride ({PROFILE_SCHEMA})",
                          "make one with flowride profile-bubbles")
     for key in ("engine", "schedule", "stages", "microbatches", "chunks"):

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from flowride.files import write_json_atomic, write_with
 from flowride.pipeline.config import TrainConfig, onoff_blocks
 from flowride.pipeline.data import TokenSource
 from flowride.pipeline.events import BubblePublisher
@@ -238,9 +239,10 @@ def run_rank(cfg: TrainConfig) -> None:
     }
     if cfg.engine == "torch":
         out["plan_mismatches"] = runner.observer.plan_mismatches
-    (run_dir / f"rank{rank}.json").write_text(json.dumps(out))
+    write_json_atomic(run_dir / f"rank{rank}.json", out)
     if cfg.save_params:
-        torch.save(runner.state_dicts(), run_dir / f"rank{rank}.pt")
+        state = runner.state_dicts()
+        write_with(run_dir / f"rank{rank}.pt", lambda f: torch.save(state, f))
     dist.destroy_process_group()
 
 
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
 
         rank = os.environ.get("RANK", "?")
         err = {"time": time.time(), "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-        (Path(cfg.run_dir) / f"rank{rank}.error").write_text(json.dumps(err))
+        write_json_atomic(Path(cfg.run_dir) / f"rank{rank}.error", err)
         raise
     return 0
 

@@ -10,6 +10,7 @@ finish time) follows from replaying the sends in :mod:`flowride.schedule.simulat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,13 @@ from typing import Any
 from flowride.collectives.demand import Collective, Demand, make_demand
 from flowride.errors import InputError
 from flowride.files import read_json, write_json_atomic
+from flowride.sizes import MAX_CHUNKS, MAX_EPOCHS, MAX_SENDS
 from flowride.topology.io import topology_from_dict, topology_to_dict
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming, epoch_timing
 
 SCHEMA = "flowride.schedule/1"
+SCHEDULE_KEYS = ("schema", "collective", "size_bytes", "chunks", "epoch_duration_s", "topology", "sends", "meta")
 
 
 @dataclass(frozen=True, order=True)
@@ -82,6 +85,9 @@ class Schedule:
         schema = data.get("schema")
         if schema != SCHEMA:
             raise InputError("schema", f"{schema!r} is not a flowride schedule", f"expected {SCHEMA!r}")
+        unknown = sorted(set(data) - set(SCHEDULE_KEYS))
+        if unknown:
+            raise InputError(f"schedule.{unknown[0]}", "is not a known key", f"known keys: {', '.join(SCHEDULE_KEYS)}")
         for key in ("collective", "size_bytes", "chunks", "epoch_duration_s", "topology", "sends"):
             if key not in data:
                 raise InputError(key, "is missing from the schedule", "regenerate it with flowride synth")
@@ -89,8 +95,13 @@ class Schedule:
             v = data[key]
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(key, f"{v!r} is not a positive integer", "regenerate the schedule with flowride synth")
+        if data["chunks"] > MAX_CHUNKS:
+            raise InputError("chunks", f"{data['chunks']:,} is over the limit of {MAX_CHUNKS:,} chunks per block", "use fewer chunks")
         if not isinstance(data["sends"], list):
             raise InputError("sends", f"is a {type(data['sends']).__name__}, not a list", "give a list of [epoch, link, source, chunk(, reduce)]")
+        if len(data["sends"]) > MAX_SENDS:
+            raise InputError("sends", f"{len(data['sends']):,} sends, over the limit of {MAX_SENDS:,} that can be verified in minutes",
+                             "split the schedule or use fewer chunks")
         meta = data.get("meta") or {}
         if not isinstance(meta, dict):
             raise InputError("meta", f"is a {type(meta).__name__}, not an object", "give an object or leave it out")
@@ -100,9 +111,11 @@ class Schedule:
                 raise InputError(f"sends[{i}]", f"{s!r} is not [epoch, link, source, chunk] or [..., reduce]", "use four integers, and a fifth (1) for a reduction")
             if len(s) == 5 and s[4] not in (0, 1):
                 raise InputError(f"sends[{i}][4]", f"{s[4]!r} is not 0 or 1", "use 1 for a reduction, 0 or nothing for a copy")
+            if not 0 <= s[0] <= MAX_EPOCHS:
+                raise InputError(f"sends[{i}][0]", f"epoch {s[0]:,} is outside 0..{MAX_EPOCHS:,}", "give the epoch the send starts in")
             sends.append(Send(*s[:4], bool(s[4]) if len(s) == 5 else False))
         tau = data["epoch_duration_s"]
-        if not isinstance(tau, int | float) or not tau > 0:
+        if not isinstance(tau, int | float) or isinstance(tau, bool) or not (math.isfinite(tau) and tau > 0):
             raise InputError("epoch_duration_s", f"{tau!r} is not a positive number", "give seconds above zero")
         return cls(
             topology_from_dict(data["topology"]),

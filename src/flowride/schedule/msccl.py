@@ -21,9 +21,7 @@ elements.
 from __future__ import annotations
 
 import heapq
-import os
 import re
-import tempfile
 import weakref
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -31,7 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flowride.collectives.demand import Collective
-from flowride.errors import InputError
+from flowride.errors import InputError, InvalidSchedule
+from flowride.files import write_text_atomic
 from flowride.schedule.ir import Schedule, Send
 from flowride.schedule.program import (
     Content,
@@ -626,17 +625,7 @@ def to_msccl_xml(
 
 def write_msccl(program: Program, path: str | Path, **kw) -> None:
     """Write :func:`to_msccl_xml` of ``program`` to ``path`` atomically (temp file + rename)."""
-    text = to_msccl_xml(program, **kw)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, to_msccl_xml(program, **kw))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -700,7 +689,12 @@ class _Reader:
         self.source = source
 
     def err(self, where: str, problem: str, fix: str) -> InputError:
+        """The XML cannot be read as an MSCCL algorithm (a usage error)."""
         return InputError(f"{self.source}:{where}" if where else self.source, problem, fix)
+
+    def wrong(self, where: str, problem: str, fix: str) -> InvalidSchedule:
+        """The XML was understood, and the algorithm it describes is wrong (a race, a deadlock)."""
+        return InvalidSchedule(f"{self.source}:{where}" if where else self.source, problem, fix)
 
     def attr(self, el: ET.Element, name: str, where: str, required: bool = True, default: str | None = None) -> str | None:
         v = el.get(name)
@@ -963,7 +957,7 @@ def _assemble(rd: _Reader, glist: list[_XGpu], coll: Collective, n: int, C: int,
                 if t.match is not None and id(t.match) not in done:
                     why.append(f"waits for {t.match.step.path}, which never runs")
                 stuck = sum(1 for g2, gt2 in enumerate(trans) for t2, l2 in enumerate(gt2) if pos[g2][t2] < len(l2))
-                raise rd.err(t.step.path, f"deadlock: {'; '.join(why)} ({stuck} thread block(s) stuck)", "fix the dependencies or the order of sends and receives")
+                raise rd.wrong(t.step.path, f"deadlock: {'; '.join(why)} ({stuck} thread block(s) stuck)", "fix the dependencies or the order of sends and receives")
 
     _check_races(rd, glist, order, by_s, local)
 
@@ -1150,7 +1144,7 @@ def _check_races(rd: _Reader, glist: list[_XGpu], order: list[_Trans], by_s: dic
                 if ti is tj or not (wi or wj):
                     continue
                 if not anc[tj.seq] >> ti.seq & 1:
-                    raise rd.err(
+                    raise rd.wrong(
                         tj.step.path,
                         f"{_rw(wj)} {_fmt(sj)} while {ti.step.path} {_rw(wi)} {_fmt(si)}, and nothing orders the two (a race)",
                         "make the later step depend on the earlier one (depid/deps)",
@@ -1195,7 +1189,7 @@ def program_to_schedule(program: Program) -> Schedule:
     problems = check_program(program)
     if problems:
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
-        raise InputError("program", f"does not compute the {program.collective.value}: {_explain(program, problems[0])}{more}", "fix the algorithm")
+        raise InvalidSchedule("program", f"does not compute the {program.collective.value}: {_explain(program, problems[0])}{more}", "fix the algorithm")
     ran: list[tuple[int, int]] = []
     _, carried = _run(program, order=ran)
     n, C, coll = program.ngpus, program.chunks, program.collective
@@ -1257,7 +1251,7 @@ def program_to_schedule(program: Program) -> Schedule:
                 if p > pos[v]:
                     if p > bound:
                         r, i = where[v]
-                        raise InputError("program", f"rank {r} step {i} cannot be placed on one chunk per link per epoch: the order it needs is circular", "check the algorithm's dependencies")
+                        raise InvalidSchedule("program", f"rank {r} step {i} cannot be placed on one chunk per link per epoch: the order it needs is circular", "check the algorithm's dependencies")
                     pos[v] = p
                     if v not in queued:
                         queued.add(v)

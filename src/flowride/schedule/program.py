@@ -33,7 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from flowride.collectives.demand import Collective
-from flowride.errors import InputError
+from flowride.errors import InvalidSchedule
 from flowride.schedule.ir import Schedule
 from flowride.schedule.simulate import simulate
 
@@ -112,7 +112,7 @@ def transfers(schedule: Schedule) -> list[Transfer]:
             k = (key, lk.src, s.epoch, s.reduce)
             queue = sorted(arrivals.get(k, []))
             if not queue:
-                raise InputError("schedule", f"switch {lk.src} forwards {key} that never reaches it in epoch {s.epoch}", "verify the schedule with flowride verify")
+                raise InvalidSchedule("schedule", f"switch {lk.src} forwards {key} that never reaches it in epoch {s.epoch}", "verify the schedule with flowride verify")
             n = out_count[k]
             out_count[k] += 1
             _, (u, e0, path) = queue[n] if n < len(queue) else queue[0]
@@ -139,7 +139,7 @@ def lower(schedule: Schedule, check: bool = True) -> Program:
     if check:
         sim = simulate(schedule)
         if not sim.valid:
-            raise InputError("schedule", f"is invalid: {sim.first_violation}", "only verified schedules can be lowered; run flowride verify")
+            raise InvalidSchedule("schedule", f"is invalid: {sim.first_violation}", "only verified schedules can be lowered; run flowride verify")
     topo = schedule.topology
     coll = schedule.collective
     gpus = list(topo.gpus)
@@ -206,7 +206,7 @@ def lower(schedule: Schedule, check: bool = True) -> Program:
             if kind == "send":
                 src = where.get(key) or input_slot(g, key)
                 if src is None:
-                    raise InputError("schedule", f"GPU {g} sends {key} it never holds", "verify the schedule")
+                    raise InvalidSchedule("schedule", f"GPU {g} sends {key} it never holds", "verify the schedule")
                 dst_home = None  # informational: the receiver decides
                 steps.append(Step("s", rank[t.dst], src, dst_home, t.send_epoch, t.tag))
             elif t.reduce:

@@ -20,8 +20,6 @@ negative epoch cannot be placed on any track, so it is an :class:`~flowride.erro
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -29,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from flowride.errors import InputError
-from flowride.files import write_json_atomic
+from flowride.files import write_json_atomic, write_with
 from flowride.schedule.ir import Schedule, Send
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming
@@ -385,13 +383,4 @@ def write_png(schedule: Schedule, path: str | Path, title: str | None = None) ->
         )
     fig.suptitle(title, fontsize=10)
 
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=110)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_with(path, lambda f: fig.savefig(f, format="png", dpi=110))

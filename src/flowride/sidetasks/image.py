@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
-import tempfile
 import threading
 from dataclasses import asdict, dataclass, fields
 from types import FrameType
@@ -33,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from flowride.files import write_json_atomic
 from flowride.harvest.task import IterativeTask
 
 _CHECKPOINT_VERSION = 1
@@ -198,20 +197,7 @@ def write_checkpoint_atomic(path: str, payload: dict[str, Any]) -> None:
     A reader (or a restart after a kill mid-write) sees the old checkpoint or the new one,
     never a torn file. fsync first, so the rename cannot land before the data on a crash.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_json_atomic(path, payload, sort_keys=True)
 
 
 def read_checkpoint(path: str) -> dict[str, Any] | None:

@@ -4,16 +4,22 @@
  "nodes": [{"id": 0, "kind": "gpu", "group": 0}, {"id": 8, "kind": "switch", "copy": false}],
  "links": [{"src": 0, "dst": 1, "bandwidth_GBps": 50, "alpha_us": 0.7}]}
 
-Links are directed; ``alpha_us`` is the latency in microseconds (default 0).
+Links are directed; ``alpha_us`` is the latency in microseconds (default 0). Every key is
+checked against the schema below: an unknown key (say ``alpha_ns``) is an error listing the
+known ones, never silently ignored.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import Field
 
 from flowride.errors import InputError
 from flowride.files import read_json, write_json_atomic
+from flowride.schema import Strict, validated
+from flowride.sizes import MAX_LINKS, MAX_NODES
 from flowride.topology.model import Link, Node, Topology
 
 SCHEMA = "flowride.topology/1"
@@ -45,74 +51,51 @@ def topology_to_dict(topo: Topology) -> dict[str, Any]:
     }
 
 
-def _field(obj: dict, key: str, where: str, kind: type | tuple, default: Any = ...) -> Any:
-    if key not in obj:
-        if default is ...:
-            raise InputError(f"{where}.{key}", "is missing", "add it (see docs/topology-json.md)")
-        return default
-    val = obj[key]
-    if isinstance(val, bool) and kind is not bool and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise InputError(f"{where}.{key}", f"{val!r} has the wrong type", f"expected {kind}")
-    if not isinstance(val, kind):
-        raise InputError(f"{where}.{key}", f"{val!r} has the wrong type", f"expected {getattr(kind, '__name__', kind)}")
-    return val
+class _NodeSpec(Strict):
+    id: int
+    kind: Literal["gpu", "switch"] = "gpu"
+    copy_: bool | None = Field(None, alias="copy")  # required for a switch (checked below, with the reason)
+    group: int | None = None
+    label: str = Field("", max_length=200)
 
 
-def _switch_copy(rn: dict, where: str) -> bool:
-    """A switch must say whether it replicates: the answer changes what a schedule may do."""
-    if rn.get("kind", "gpu") != "switch":
-        return True
-    if "copy" not in rn:
-        raise InputError(f"{where}.copy", "is missing: say whether this switch can replicate a chunk onto several links",
-                         "true for a multicast-capable switch (NVLink SHARP / NVLS), false for one that forwards "
-                         "(NVSwitch gen 1-2, InfiniBand); --switch-copy on|off sets every switch")
-    return _field(rn, "copy", where, bool)
+class _LinkSpec(Strict):
+    src: int
+    dst: int
+    bandwidth_GBps: float
+    alpha_us: float = 0.0
+
+
+class _TopologySpec(Strict):
+    schema_: str = Field(SCHEMA, alias="schema")
+    name: str = Field("custom", max_length=200)
+    description: str = Field("", max_length=10_000)
+    nominal_gpus: int | None = None
+    teccl_compat: bool = False
+    nodes: list[_NodeSpec] = Field(max_length=MAX_NODES)
+    links: list[_LinkSpec] = Field(max_length=MAX_LINKS)
 
 
 def topology_from_dict(data: Any) -> Topology:
+    """A Topology from its JSON form; every key checked (unknown keys are errors), then the
+    physical rules (ranges, reachability) by :class:`Topology` itself."""
     if not isinstance(data, dict):
         raise InputError("topology", "the JSON is not an object", "see examples/ for the schema")
     schema = data.get("schema", SCHEMA)
     if schema != SCHEMA:
         raise InputError("schema", f"{schema!r} is not supported", f"use {SCHEMA!r}")
-    raw_nodes = _field(data, "nodes", "topology", list)
-    raw_links = _field(data, "links", "topology", list)
-    nodes = []
-    for i, rn in enumerate(raw_nodes):
-        where = f"nodes[{i}]"
-        if not isinstance(rn, dict):
-            raise InputError(where, "is not an object", 'write {"id": 0, "kind": "gpu"}')
-        nodes.append(
-            Node(
-                id=_field(rn, "id", where, int),
-                kind=_field(rn, "kind", where, str, "gpu"),
-                copy=_switch_copy(rn, where),
-                group=_field(rn, "group", where, (int, type(None)), None),
-                label=_field(rn, "label", where, str, ""),
-            )
-        )
-    nodes.sort(key=lambda n: n.id)
-    links = []
-    for i, rl in enumerate(raw_links):
-        where = f"links[{i}]"
-        if not isinstance(rl, dict):
-            raise InputError(where, "is not an object", 'write {"src": 0, "dst": 1, "bandwidth_GBps": 50}')
-        links.append(
-            Link(
-                src=_field(rl, "src", where, int),
-                dst=_field(rl, "dst", where, int),
-                bandwidth_GBps=float(_field(rl, "bandwidth_GBps", where, (int, float))),
-                alpha_s=float(_field(rl, "alpha_us", where, (int, float), 0.0)) * 1e-6,
-            )
-        )
-    return Topology(
-        name=_field(data, "name", "topology", str, "custom"),
-        nodes=tuple(nodes),
-        links=tuple(links),
-        nominal_gpus=_field(data, "nominal_gpus", "topology", (int, type(None)), None),
-        description=_field(data, "description", "topology", str, ""),
-        teccl_compat=_field(data, "teccl_compat", "topology", bool, False),
-    )
+    spec = validated(_TopologySpec, data, "topology", "see docs/topology-json.md")
+    for i, rn in enumerate(spec.nodes):
+        if rn.kind == "switch" and rn.copy_ is None:
+            raise InputError(f"nodes[{i}].copy", "is missing: say whether this switch can replicate a chunk onto several links",
+                             "true for a multicast-capable switch (NVLink SHARP / NVLS), false for one that forwards "
+                             "(NVSwitch gen 1-2, InfiniBand); --switch-copy on|off sets every switch")
+    nodes = sorted((Node(id=rn.id, kind=rn.kind, copy=True if rn.copy_ is None else rn.copy_, group=rn.group, label=rn.label)
+                    for rn in spec.nodes), key=lambda n: n.id)
+    links = [Link(src=rl.src, dst=rl.dst, bandwidth_GBps=float(rl.bandwidth_GBps), alpha_s=float(rl.alpha_us) * 1e-6)
+             for rl in spec.links]
+    return Topology(name=spec.name, nodes=tuple(nodes), links=tuple(links), nominal_gpus=spec.nominal_gpus,
+                    description=spec.description, teccl_compat=spec.teccl_compat)
 
 
 def save_topology(topo: Topology, path: str | Path) -> None:

@@ -16,6 +16,14 @@ import networkx as nx
 import numpy as np
 
 from flowride.errors import InputError
+from flowride.sizes import (
+    MAX_ALPHA_US,
+    MAX_BANDWIDTH_GBPS,
+    MAX_GPUS,
+    MAX_LINKS,
+    MAX_NODES,
+    MIN_BANDWIDTH_GBPS,
+)
 
 NodeKind = Literal["gpu", "switch"]
 
@@ -70,6 +78,10 @@ class Topology:
         n = len(self.nodes)
         if n == 0:
             raise InputError("nodes", "the topology has no nodes", "add at least two GPUs")
+        if n > MAX_NODES:
+            raise InputError("nodes", f"{n:,} nodes, over the limit of {MAX_NODES:,}", "flowride's largest tested topology has 1,024 GPUs")
+        if len(self.links) > MAX_LINKS:
+            raise InputError("links", f"{len(self.links):,} links, over the limit of {MAX_LINKS:,}", "give a smaller topology")
         for pos, node in enumerate(self.nodes):
             if node.id != pos:
                 raise InputError(
@@ -85,22 +97,30 @@ class Topology:
                     raise InputError(f"{where}.{end}", f"unknown node {v!r}", f"use a node id in 0..{n - 1}")
             if link.src == link.dst:
                 raise InputError(where, "is a self-loop", "remove it: a node needs no link to itself")
-            if not (link.bandwidth_GBps > 0 and math.isfinite(link.bandwidth_GBps)):
-                raise InputError(f"{where}.bandwidth_GBps", f"{link.bandwidth_GBps} is not a positive finite number", "give GB/s above zero")
-            if not (link.alpha_s >= 0 and math.isfinite(link.alpha_s)):
-                raise InputError(f"{where}.alpha", f"{link.alpha_s} is negative or not finite", "give a latency of zero or more")
+            bw = link.bandwidth_GBps
+            if not (math.isfinite(bw) and MIN_BANDWIDTH_GBPS <= bw <= MAX_BANDWIDTH_GBPS):
+                raise InputError(f"{where}.bandwidth_GBps", f"{bw:g} is outside {MIN_BANDWIDTH_GBPS:g}..{MAX_BANDWIDTH_GBPS:g} GB/s",
+                                 "give the link's bandwidth in GB/s (decimal), e.g. 50")
+            a_us = link.alpha_s * 1e6
+            if not (math.isfinite(a_us) and 0 <= a_us <= MAX_ALPHA_US):
+                raise InputError(f"{where}.alpha_us", f"{a_us:g} is outside 0..{MAX_ALPHA_US:g} microseconds",
+                                 "give the link's latency in microseconds, e.g. 0.7")
             if (link.src, link.dst) in seen:
                 raise InputError(where, "duplicates an earlier link", "merge them into one link with the summed bandwidth")
             seen.add((link.src, link.dst))
         gpus = self.gpus
         if len(gpus) < 2:
             raise InputError("nodes", f"{len(gpus)} GPU(s)", "a collective needs at least two GPUs")
-        g = self.graph
-        for s in gpus:
-            reach = nx.descendants(g, s)
-            for d in gpus:
-                if d != s and d not in reach:
-                    raise InputError("links", f"GPU {d} cannot be reached from GPU {s}", "add links so every GPU reaches every other")
+        if len(gpus) > MAX_GPUS:
+            raise InputError("nodes", f"{len(gpus):,} GPUs, over the limit of {MAX_GPUS:,}", "flowride's largest tested topology has 1,024 GPUs")
+        # every GPU reaches every other <=> all GPUs lie in one strongly connected component
+        comp = {v: i for i, c in enumerate(nx.strongly_connected_components(self.graph)) for v in c}
+        s = gpus[0]
+        for d in gpus[1:]:
+            if comp[d] != comp[s]:
+                reach = nx.has_path(self.graph, s, d)
+                a, b = (s, d) if not reach else (d, s)
+                raise InputError("links", f"GPU {b} cannot be reached from GPU {a}", "add links so every GPU reaches every other")
         if self.nominal_gpus is not None and self.nominal_gpus < len(gpus):
             raise InputError("nominal_gpus", f"{self.nominal_gpus} is below the {len(gpus)} GPUs", "leave it unset")
 

@@ -1,0 +1,153 @@
+"""Unknown or malformed input files (issue #16, class 3): every input file is checked against
+its schema; unknown keys are refused with the known ones listed; nothing crashes."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clirun import assert_clean_error, cli
+from flowride.errors import InputError
+from flowride.schedule.ir import Schedule
+from flowride.topology import ring
+from flowride.topology.io import topology_from_dict, topology_to_dict
+from flowride.topology.model import Topology
+
+
+def _write(path: Path, data) -> Path:
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def _ring() -> dict:
+    return topology_to_dict(ring(4))
+
+
+@pytest.mark.parametrize(("edit", "field", "known"), [
+    (lambda d: d["links"][2].update(alpha_ns=700), "links[2].alpha_ns", "alpha_us"),
+    (lambda d: d["links"][0].update(bandwidth=50), "links[0].bandwidth", "bandwidth_GBps"),
+    (lambda d: d["nodes"][1].update(cpy=True), "nodes[1].cpy", "copy"),
+    (lambda d: d.update(link=[]), "topology.link", "links"),
+])
+def test_misspelled_topology_key_is_refused_with_the_known_keys(tmp_path, edit, field, known):
+    d = _ring()
+    edit(d)
+    r = cli("synth", "-t", _write(tmp_path / "t.json", d), "-s", "1MB")
+    assert_clean_error(r, 2, field, "not a known key", "known keys:", known, within=20)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("[" * 100_000 + "]" * 100_000, "nests too deeply"),
+    ('{"nodes": ' * 5000 + "1" + "}" * 5000, "nests too deeply"),
+    ("{", "not valid JSON"),
+    ("", "not valid JSON"),
+    (b"\xff\xfe\x00garbage", "not UTF-8"),
+])
+def test_malformed_json_files_are_clean_errors(tmp_path, text, problem):
+    p = tmp_path / "t.json"
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    for args in (["synth", "-t", p, "-s", "1MB"], ["verify", p], ["train", "--bubble-profile", p, "--iters", "1"]):
+        assert_clean_error(cli(*args, cwd=tmp_path), 2, problem, within=20)
+
+
+def test_a_directory_given_as_an_input_file(tmp_path):
+    assert_clean_error(cli("verify", tmp_path), 2, "is a directory")
+
+
+def test_unknown_schedule_key_is_refused(tmp_path):
+    from flowride.api import synthesize
+
+    d = synthesize(ring(3), "allgather", 1 << 16, "fast").schedule.to_dict()
+    d["epoch_duration"] = 1e-6
+    assert_clean_error(cli("verify", _write(tmp_path / "s.json", d)), 2, "schedule.epoch_duration", "known keys")
+    d = synthesize(ring(3), "allgather", 1 << 16, "fast").schedule.to_dict()
+    d["sends"][0][0] = -5
+    assert_clean_error(cli("verify", _write(tmp_path / "s.json", d)), 2, "sends[0][0]", "outside")
+
+
+# ------------------------------------------------------------------------- the task store
+
+
+def _store_cases(tmp: Path) -> dict[str, Path]:
+    out = {}
+    d = tmp / "corrupt"
+    d.mkdir()
+    (d / "tasks.sqlite").write_bytes(b"this is not an sqlite database, just bytes" * 100)
+    out["corrupt"] = d
+    d = tmp / "schema"
+    d.mkdir()
+    db = sqlite3.connect(d / "tasks.sqlite")
+    db.execute("CREATE TABLE tasks (id INTEGER PRIMARY KEY, what TEXT)")
+    db.commit()
+    db.close()
+    out["wrong schema"] = d
+    d = tmp / "dir"
+    (d / "tasks.sqlite").mkdir(parents=True)
+    out["directory in place of the file"] = d
+    return out
+
+
+@pytest.mark.parametrize("case", ["corrupt", "wrong schema", "directory in place of the file"])
+@pytest.mark.parametrize("action", [["list"], ["show", "1"], ["cancel", "1"], ["submit", "pagerank"]])
+def test_broken_task_store_is_a_clean_error(tmp_path, case, action):
+    d = _store_cases(tmp_path)[case]
+    r = cli("tasks", *action, "--run-dir", d)
+    assert_clean_error(r, 2, "--run-dir", "task store" if case != "directory in place of the file" else "is a directory", within=20)
+
+
+@pytest.mark.parametrize("cmd", [["tasks", "submit", "pagerank", "--run-dir", "RUN"], ["profile-task", "pagerank", "--steps", "1"]])
+def test_unknown_params_are_refused_at_submission(tmp_path, cmd):
+    args = [str(tmp_path) if a == "RUN" else a for a in cmd]
+    r = cli(*args, "--params", '{"nodes": 100, "dampingg": 0.9}')
+    assert_clean_error(r, 2, "--params", "dampingg", within=30)
+    assert not (tmp_path / "tasks.sqlite").exists() or "dampingg" not in (tmp_path / "tasks.sqlite").read_bytes().decode(errors="replace")
+
+
+# ------------------------------------------------------------------------- properties
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12)
+
+
+@st.composite
+def mutated_topology(draw):
+    d = _ring()
+    for _ in range(draw(st.integers(1, 4))):
+        where = draw(st.sampled_from(["top", "nodes", "links"]))
+        inner = d.get(where) if where != "top" else None
+        if where != "top" and not (isinstance(inner, list) and inner and all(isinstance(x, dict) for x in inner)):
+            where = "top"  # that list was already mutated away
+        target = d if where == "top" else draw(st.sampled_from(d[where]))
+        key = draw(st.sampled_from([*target.keys(), "alpha_ns", "x", "bandwidth"]))
+        if draw(st.booleans()):
+            target[key] = draw(JSON)
+        else:
+            target.pop(key, None)
+    return d
+
+
+@given(mutated_topology() | JSON)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_random_topology_json_parses_or_raises_input_error(data):
+    """Property: a JSON value is either a valid topology or an InputError, never another error."""
+    try:
+        t = topology_from_dict(data)
+    except InputError as e:
+        assert e.field and e.problem
+        return
+    assert isinstance(t, Topology) and len(t.gpus) >= 2
+
+
+@given(st.dictionaries(st.sampled_from(["schema", "collective", "size_bytes", "chunks", "epoch_duration_s", "topology",
+                                        "sends", "meta", "extra"]), JSON, max_size=9))
+@settings(max_examples=200, deadline=None)
+def test_random_schedule_json_parses_or_raises_input_error(data):
+    try:
+        Schedule.from_dict(data)
+    except InputError:
+        return

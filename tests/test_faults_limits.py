@@ -1,0 +1,75 @@
+"""Work that goes nowhere, and work too large to finish (issue #16, classes 4 and 5): refused up
+front, in seconds, with the size and the limit, instead of an empty success, a hang or a crash
+in native code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clirun import assert_clean_error, cli
+from flowride.sizes import MAX_CHUNKS, MAX_NODES
+
+# ------------------------------------------------------------------ class 4: work that goes nowhere
+
+
+def test_submit_into_a_missing_run_dir_is_refused_and_creates_nothing(tmp_path):
+    missing = tmp_path / "no-such-run"
+    r = cli("tasks", "submit", "pagerank", "--run-dir", missing)
+    assert_clean_error(r, 2, "--run-dir", "does not exist", within=20)
+    assert not missing.exists()
+    assert_clean_error(cli("tasks", "list", "--run-dir", missing), 2, "--run-dir", "does not exist")
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize(("option", "value"), [("--steps", "0"), ("--seconds", "0"), ("--steps", "-1"), ("--seconds", "-2")])
+def test_profile_task_with_no_work_is_refused(option, value):
+    assert_clean_error(cli("profile-task", "pagerank", f"{option}={value}"), 2, option, within=10)
+
+
+# ------------------------------------------------------------------ class 5: unbounded work
+
+
+def _ring_json(n: int) -> dict:
+    return {"schema": "flowride.topology/1", "name": "big",
+            "nodes": [{"id": i} for i in range(n)],
+            "links": [{"src": i, "dst": (i + 1) % n, "bandwidth_GBps": 50} for i in range(n)]}
+
+
+def test_a_10000_node_topology_is_refused_quickly(tmp_path):
+    p = tmp_path / "big.json"
+    p.write_text(json.dumps(_ring_json(10_000)))
+    assert_clean_error(cli("synth", "-t", p, "-s", "1MB"), 2, "nodes", f"over the limit of {MAX_NODES:,}", within=20)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["synth", "-t", "ring", "--n", "100000", "-s", "1MB"], "--n"),
+    (["topology", "-t", "torus", "--rows", "100000", "--cols", "100000"], "--rows"),
+    (["synth", "-t", "ring", "--n", "8", "-s", "1MB", "--chunks", "100000"], "--chunks"),
+    (["synth", "-t", "ring", "--n", "8", "-s", "1MB", "--epoch", "1e-30"], "--epoch"),
+    (["synth", "-t", "ring", "--n", "8", "-s", "1e30GB"], "--size"),
+    (["schedule-show", "1f1b", "--stages", "2000", "--microbatches", "2000"], "--stages"),
+    (["schedule-show", "1f1b", "--stages", "64", "--microbatches", "2000"], "--microbatches"),
+    (["synth", "-t", "torus", "--rows", "8", "--cols", "8", "-s", "1GB", "--chunks", "1000"], "--time-limit"),
+])
+def test_huge_requests_are_refused_in_seconds(args, needle):
+    line = assert_clean_error(cli(*args), 2, needle, within=20)
+    assert any(w in line for w in ("limit", "outside", "over", "<=", "needed")), line
+
+
+def test_a_run_larger_than_memory_is_refused_before_any_rank_starts(tmp_path):
+    sched = tmp_path / "s.json"
+    assert cli("synth", "-t", "ring", "--n", "2", "-s", "64KB", "-o", sched).code == 0
+    line = assert_clean_error(cli("run", sched, "--size", "100TB"), 2, "--size", "GiB", within=30)
+    assert "this machine" in line
+
+
+def test_a_schedule_file_over_the_limits_is_refused(tmp_path):
+    from flowride.api import synthesize
+    from flowride.topology import ring
+
+    d = synthesize(ring(3), "allgather", 1 << 16, "fast").schedule.to_dict()
+    d["chunks"] = MAX_CHUNKS * 100
+    (tmp_path / "s.json").write_text(json.dumps(d))
+    assert_clean_error(cli("verify", tmp_path / "s.json"), 2, "chunks", "over the limit", within=20)
