@@ -151,3 +151,24 @@ def test_random_schedule_json_parses_or_raises_input_error(data):
         Schedule.from_dict(data)
     except InputError:
         return
+
+
+@pytest.mark.parametrize(("task", "params", "needle"), [
+    ("pagerank", {"n": 1e12}, "not an integer"),
+    ("pagerank", {"n": "20000"}, "not an integer"),
+    ("pagerank", {"n": True}, "not an integer"),
+    ("pagerank", {"damping": float("nan")}, "not a finite number"),
+    ("pagerank", {"n": 10**13}, "n <= 10,000,000"),
+    ("pagerank", {"n": 10**6, "avg_degree": 500}, "over the limit"),
+    ("sssp", {"source": "a"}, "not an integer or null"),
+    ("cnn", {"image_size": 100_000}, "8..512"),
+    ("cnn", {"device": 3}, "not a string"),
+    ("image", {"antialias": 1}, "not true or false"),
+    ("image", {"out_size": 10**6}, "8..4096"),
+])
+def test_task_params_of_the_wrong_type_or_size_are_refused(task, params, needle):
+    from flowride.harvest.task import check_params
+
+    with pytest.raises(InputError) as e:
+        check_params(task, params)
+    assert e.value.field == "params" and needle in e.value.problem, e.value

@@ -1,6 +1,5 @@
-"""Work that goes nowhere, and work too large to finish (issue #16, classes 4 and 5): refused up
-front, in seconds, with the size and the limit, instead of an empty success, a hang or a crash
-in native code."""
+"""Work too large to finish (issue #16, class 5): refused up front, in seconds, with the size and
+the limit, instead of a hang, an exhausted memory or a crash in native code."""
 
 from __future__ import annotations
 
@@ -10,23 +9,6 @@ import pytest
 
 from clirun import assert_clean_error, cli
 from flowride.sizes import MAX_CHUNKS, MAX_NODES
-
-# ------------------------------------------------------------------ class 4: work that goes nowhere
-
-
-def test_submit_into_a_missing_run_dir_is_refused_and_creates_nothing(tmp_path):
-    missing = tmp_path / "no-such-run"
-    r = cli("tasks", "submit", "pagerank", "--run-dir", missing)
-    assert_clean_error(r, 2, "--run-dir", "does not exist", within=20)
-    assert not missing.exists()
-    assert_clean_error(cli("tasks", "list", "--run-dir", missing), 2, "--run-dir", "does not exist")
-    assert not missing.exists()
-
-
-@pytest.mark.parametrize(("option", "value"), [("--steps", "0"), ("--seconds", "0"), ("--steps", "-1"), ("--seconds", "-2")])
-def test_profile_task_with_no_work_is_refused(option, value):
-    assert_clean_error(cli("profile-task", "pagerank", f"{option}={value}"), 2, option, within=10)
-
 
 # ------------------------------------------------------------------ class 5: unbounded work
 

@@ -9,9 +9,11 @@ Built-in tasks live in :mod:`flowride.sidetasks` and use nothing but this module
 
 from __future__ import annotations
 
+import math
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from flowride.errors import InputError
@@ -130,3 +132,34 @@ def check_params(name: str, params: dict[str, Any]) -> None:
         factory(**params)
     except (ValueError, TypeError) as e:
         raise InputError("params", str(e), f"see the parameters of {name} in docs/harvest.md") from None
+
+
+T = typing.TypeVar("T")
+
+
+def parse_params(cls: type[T], params: dict[str, Any], task: str) -> T:
+    """A task's config dataclass from submitted ``params``: unknown names are refused (a typo must
+    not run the defaults), and each value must have its field's type (an int for an int field,
+    a finite number for a float, never a bool for either). Ranges are the task's to check."""
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ValueError(f"{task}: unknown params {unknown}; known: {sorted(known)}")
+    for name, v in params.items():
+        want = hints[name]
+        allowed = [a for a in typing.get_args(want)] or [want]
+        if v is None and type(None) in allowed:
+            continue
+        ok = any(
+            (a is int and isinstance(v, int) and not isinstance(v, bool))
+            or (a is float and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v))
+            or (a is bool and isinstance(v, bool))
+            or (a is str and isinstance(v, str))
+            for a in allowed
+        )
+        if not ok:
+            names = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string", type(None): "null"}
+            kinds = " or ".join(names.get(a, str(a)) for a in allowed)
+            raise ValueError(f"{task}: param {name}={v!r} is not {kinds}")
+    return cls(**params)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flowride.harvest.task import IterativeTask
+from flowride.harvest.task import IterativeTask, parse_params
 
 _N_SHAPES = 4  # square, disc, ring, cross
 
@@ -51,19 +51,15 @@ class CnnConfig:
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> CnnConfig:
         """Validate submitted params: a typo in a name must fail loudly, not run the default."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ValueError(f"cnn: unknown params {unknown}; known: {sorted(known)}")
-        cfg = cls(**params)
+        cfg = parse_params(cls, params, "cnn")
         if cfg.seed < 0:
             raise ValueError("cnn: seed must be >= 0")
         if cfg.batch_size < 1 or cfg.total_steps < 0:
             raise ValueError("cnn: batch_size must be >= 1 and total_steps >= 0")
         if not 2 <= cfg.num_classes <= 32:
             raise ValueError("cnn: num_classes must be in 2..32")
-        if cfg.image_size < 8 or cfg.width < 1:
-            raise ValueError("cnn: image_size must be >= 8 and width >= 1")
+        if not 8 <= cfg.image_size <= 512 or not 1 <= cfg.width <= 512 or cfg.batch_size > 4096:
+            raise ValueError("cnn: image_size must be in 8..512, width in 1..512, batch_size at most 4096")
         if cfg.lr <= 0 or not 0 <= cfg.momentum < 1 or cfg.weight_decay < 0 or cfg.noise < 0:
             raise ValueError("cnn: need lr > 0, 0 <= momentum < 1, weight_decay >= 0, noise >= 0")
         return cfg

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from flowride.harvest.task import IterativeTask
+from flowride.harvest.task import IterativeTask, parse_params
 
 
 def power_law_digraph(
@@ -43,6 +43,10 @@ def power_law_digraph(
     return key // n, key % n
 
 
+MAX_GRAPH_NODES = 10_000_000
+MAX_GRAPH_EDGES = 100_000_000  # about 1.6 GB of edge arrays
+
+
 @dataclass(frozen=True)
 class GraphConfig:
     """The generated graph shared by the graph tasks."""
@@ -57,17 +61,10 @@ class GraphConfig:
         return {f.name: getattr(self, f.name) for f in fields(GraphConfig)}
 
     def check(self, task: str) -> None:
-        if self.seed < 0 or self.n < 2 or self.avg_degree <= 0 or self.gamma <= 1.0:
-            raise ValueError(f"{task}: need seed >= 0, n >= 2, avg_degree > 0, gamma > 1")
-
-
-def _parse(cls: type, params: dict[str, Any], task: str) -> Any:
-    """Build a config dataclass, rejecting unknown names so a typo cannot run the defaults."""
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise ValueError(f"{task}: unknown params {unknown}; known: {sorted(known)}")
-    return cls(**params)
+        if self.seed < 0 or not 2 <= self.n <= MAX_GRAPH_NODES or not 0 < self.avg_degree <= 1000 or self.gamma <= 1.0:
+            raise ValueError(f"{task}: need seed >= 0, 2 <= n <= {MAX_GRAPH_NODES:,}, 0 < avg_degree <= 1000, gamma > 1")
+        if self.n * self.avg_degree > MAX_GRAPH_EDGES:
+            raise ValueError(f"{task}: n x avg_degree = {self.n * self.avg_degree:,.0f} edges, over the limit of {MAX_GRAPH_EDGES:,}")
 
 
 @dataclass(frozen=True)
@@ -93,7 +90,7 @@ class PageRankTask(IterativeTask):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self.config: PageRankConfig = _parse(PageRankConfig, params, self.name)
+        self.config: PageRankConfig = parse_params(PageRankConfig, params, self.name)
         self.config.check(self.name)
         c = self.config
         if not 0 < c.damping < 1 or c.tol < 0 or c.max_sweeps < 0 or c.sweeps_per_step < 1:
@@ -200,7 +197,7 @@ class SsspTask(IterativeTask):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self.config: SsspConfig = _parse(SsspConfig, params, self.name)
+        self.config: SsspConfig = parse_params(SsspConfig, params, self.name)
         self.config.check(self.name)
         c = self.config
         if not 0 < c.min_weight <= c.max_weight:

@@ -23,7 +23,7 @@ import hashlib
 import json
 import signal
 import threading
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from types import FrameType
 from typing import Any
 
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from flowride.files import write_json_atomic
-from flowride.harvest.task import IterativeTask
+from flowride.harvest.task import IterativeTask, parse_params
 
 _CHECKPOINT_VERSION = 1
 _MODES = ("nearest", "bilinear", "bicubic", "area")
@@ -55,15 +55,11 @@ class ImageConfig:
     @classmethod
     def from_params(cls, params: dict[str, Any], task: str = "image") -> ImageConfig:
         """Validate submitted params: a typo in a name must fail loudly, not run the default."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(params) - known)
-        if unknown:
-            raise ValueError(f"{task}: unknown params {unknown}; known: {sorted(known)}")
-        cfg = cls(**params)
+        cfg = parse_params(cls, params, task)
         if cfg.seed < 0 or cfg.batch_size < 1 or cfg.total_batches < 0:
             raise ValueError(f"{task}: need seed >= 0, batch_size >= 1, total_batches >= 0")
-        if cfg.in_size < 8 or cfg.out_size < 8:
-            raise ValueError(f"{task}: in_size and out_size must be >= 8")
+        if not (8 <= cfg.in_size <= 4096 and 8 <= cfg.out_size <= 4096) or cfg.batch_size > 1024:
+            raise ValueError(f"{task}: in_size and out_size must be in 8..4096, batch_size at most 1024")
         if not 0.0 <= cfg.alpha <= 1.0:
             raise ValueError(f"{task}: alpha must be in [0, 1]")
         if cfg.mode not in _MODES:
