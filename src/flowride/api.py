@@ -186,6 +186,12 @@ def synthesize(
     t0 = time.perf_counter()
     if time_limit is not None and not time_limit > 0:
         raise InputError("time_limit", f"{time_limit} is not positive", "give seconds above zero or leave it out")
+    if mip_gap is not None and not 0 <= mip_gap <= 1:
+        raise InputError("mip_gap", f"{mip_gap} is outside 0..1", "give a relative gap, e.g. 0.01, or leave it out")
+    if threads is not None and not (isinstance(threads, int) and threads >= 1):
+        raise InputError("threads", f"{threads!r} is not a thread count", "give 1 or more, or leave it out")
+    if not (isinstance(memory_limit, int | float) and memory_limit > 0):
+        raise InputError("memory_limit", f"{memory_limit!r} is not a positive number of bytes", "give bytes above zero")
     demand = make_demand(topo, collective, size_bytes, chunks)
     method = check_method(method, demand)
     if objective not in ("makespan", "weighted"):

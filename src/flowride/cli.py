@@ -220,10 +220,6 @@ def cmd_synth(a: argparse.Namespace) -> int:
     topo = _load_topology(a)
     size = parse_size(a.size, "--size")
     epoch = _epoch(a.epoch)
-    if a.time_limit is not None and not a.time_limit > 0:
-        raise InputError("--time-limit", f"{a.time_limit} is not positive", "give seconds above zero")
-    if not a.memory_limit > 0:
-        raise InputError("--memory-limit", f"{a.memory_limit} GiB is not positive", "give GiB above zero, e.g. 8")
     speedups = parse_speedups(a.speedups)
     with err.status("[bold]synth[/bold] building bounds and baseline") as st, _as_option("chunks", "--chunks"):
         out = synthesize(topo, a.collective, size, epoch, a.chunks, a.time_limit, a.mip_gap, a.threads, _ProgressView(st),
@@ -328,11 +324,6 @@ def cmd_run(a: argparse.Namespace) -> int:
 
         target = lower(load_schedule(a.schedule))
     size = parse_size(a.size, "--size") if a.size else None
-    for flag, v in (("--repeats", a.repeats), ("--timeout", a.timeout)):
-        if v is not None and not v > 0:
-            raise InputError(flag, f"{v} is not positive", "give a number above zero")
-    if a.warmup < 0:
-        raise InputError("--warmup", f"{a.warmup} is negative", "give 0 or more")
     with Progress(TextColumn("[bold]run[/bold] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task(f"{target.collective.value} on {target.ngpus} ranks", total=None)
 

@@ -34,14 +34,25 @@ from pathlib import Path
 STOP_GRACE_S = 1.0  # SIGTERM, then SIGKILL after this long
 
 
-def _tie_to_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _load_prctl():
+    """libc's prctl, loaded here in the parent: the child must not dlopen between fork and exec
+    (another thread of the launcher, e.g. a progress bar, may hold the loader's lock)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
 
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def _tie_to_parent() -> None:  # runs in the child between fork and exec
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills this rank when its launcher dies
 
 
 def process_state(pid: int) -> str | None:
