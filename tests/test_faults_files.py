@@ -172,3 +172,24 @@ def test_task_params_of_the_wrong_type_or_size_are_refused(task, params, needle)
     with pytest.raises(InputError) as e:
         check_params(task, params)
     assert e.value.field == "params" and needle in e.value.problem, e.value
+
+
+def test_odd_input_paths_are_clean_errors(tmp_path):
+    assert_clean_error(cli("verify", "/dev/zero"), 2, "over the 256 MiB limit", within=60)  # no size to stat
+    assert_clean_error(cli("verify", "x" * 300 + ".json"), 2, "File name too long")
+    assert_clean_error(cli("topology", "-t", "ring", "--out", tmp_path / ("y" * 300 + ".json")), 2, "--out", "255")
+
+
+def test_huge_numbers_in_files_and_params_do_not_overflow(tmp_path):
+    from flowride.api import synthesize
+
+    d = synthesize(ring(3), "allgather", 1 << 16, "fast").schedule.to_dict()
+    d["epoch_duration_s"] = 10**400
+    assert_clean_error(cli("verify", _write(tmp_path / "s.json", d)), 2, "epoch_duration_s")
+    d = synthesize(ring(3), "allgather", 1 << 16, "fast").schedule.to_dict()
+    d["size_bytes"] = 0
+    line = assert_clean_error(cli("verify", _write(tmp_path / "s.json", d)), 2, "size_bytes")
+    assert "--size" not in line  # the file's field, not an option verify does not have
+    (tmp_path / "run").mkdir()
+    r = cli("tasks", "submit", "cnn", "--run-dir", tmp_path / "run", "--params", '{"lr": 1' + "0" * 400 + "}")
+    assert_clean_error(r, 2, "--params", "not a finite number")

@@ -28,6 +28,8 @@ def test_a_10000_node_topology_is_refused_quickly(tmp_path):
 @pytest.mark.parametrize(("args", "needle"), [
     (["synth", "-t", "ring", "--n", "100000", "-s", "1MB"], "--n"),
     (["topology", "-t", "torus", "--rows", "100000", "--cols", "100000"], "--rows"),
+    (["topology", "-t", "torus", "--rows", "4096", "--cols", "4096"], "rows x cols"),  # each fine, the product not
+    (["topology", "-t", "full", "--n", "4096"], "links"),
     (["synth", "-t", "ring", "--n", "8", "-s", "1MB", "--chunks", "100000"], "--chunks"),
     (["synth", "-t", "ring", "--n", "8", "-s", "1MB", "--epoch", "1e-30"], "--epoch"),
     (["synth", "-t", "ring", "--n", "8", "-s", "1e30GB"], "--size"),

@@ -41,7 +41,7 @@ CASES = [
     (["train"], "--threads", BAD_COUNTS),
     (["train"], "--min-bubble", ["-1", "nan", "inf"]),
     (["train"], "--bubble-port", ["0", "-1", "70000", "65536", "http"]),
-    (["train"], "--budget", ["0", "-1", "101", "nan"]),
+    (["train"], "--budget", ["-1", "101", "nan"]),
     (["train"], "--paired-block", ["-1", "nan"]),
     (["train"], "--price-main", ["0", "-1", "nan", "inf"]),
     (["train"], "--seed", ["-1", "1.5"]),
@@ -69,6 +69,10 @@ def test_through_the_cli_one_line_with_the_range(prefix, option, values):
     r = cli(*prefix, f"{option}={values[0]}")
     line = assert_clean_error(r, 2, f"argument {option}", "give", within=10)
     assert "<=" in line or ">=" in line or ">" in line  # the allowed range is spelled out
+
+
+def test_a_zero_budget_is_allowed():
+    assert build_parser().parse_args(["train", "--budget", "0"]).budget == 0.0
 
 
 def test_bad_task_id_and_epoch():

@@ -41,20 +41,17 @@ err = Console(stderr=True)
 MULTI_STAGE = frozenset({"interleaved", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev"})
 
 
-# library field names -> the option a user wrote them as
-OPTION_OF = {"size_bytes": "--size", "time_limit": "--time-limit", "epoch": "--epoch", "task store": "--run-dir",
-             "params": "--params", "timeout_s": "--timeout", "mip_gap": "--mip-gap", "threads": "--threads"}
-
-
 @contextmanager
-def _as_option(field: str, option: str) -> Iterator[None]:
-    """Within one command, the library's ``field`` is what the user wrote as ``option``."""
+def _as_options(**option_of: str) -> Iterator[None]:
+    """Within the block, the library's field ``name`` is what the user wrote as ``option_of[name]``
+    (only around calls whose values came from those options, never around reading a file)."""
     try:
         yield
     except InputError as e:
-        if e.field != field:
+        key = e.field.replace(" ", "_")
+        if key not in option_of:
             raise
-        raise InputError(option, e.problem, e.fix) from None
+        raise InputError(option_of[key], e.problem, e.fix) from None
 
 
 def _say_error(msg: str) -> None:
@@ -221,7 +218,9 @@ def cmd_synth(a: argparse.Namespace) -> int:
     size = parse_size(a.size, "--size")
     epoch = _epoch(a.epoch)
     speedups = parse_speedups(a.speedups)
-    with err.status("[bold]synth[/bold] building bounds and baseline") as st, _as_option("chunks", "--chunks"):
+    opts = _as_options(chunks="--chunks", time_limit="--time-limit", epoch="--epoch", mip_gap="--mip-gap",
+                       threads="--threads", size="--size")
+    with err.status("[bold]synth[/bold] building bounds and baseline") as st, opts:
         out = synthesize(topo, a.collective, size, epoch, a.chunks, a.time_limit, a.mip_gap, a.threads, _ProgressView(st),
                          method=a.method, memory_limit=int(a.memory_limit * 2**30), speedups=speedups, objective=a.objective)
     rep = out.report()
@@ -335,7 +334,8 @@ def cmd_run(a: argparse.Namespace) -> int:
                 bar.update(task, description=f"{kind}: {target.collective.value} on {target.ngpus} ranks")
 
         try:
-            res = run_schedule(target, size_bytes=size, repeats=a.repeats, warmup=a.warmup, timeout_s=a.timeout, barrier_per_epoch=a.barrier_per_epoch, progress=on_progress, mode=a.mode)
+            with _as_options(size_bytes="--size", timeout_s="--timeout"):
+                res = run_schedule(target, size_bytes=size, repeats=a.repeats, warmup=a.warmup, timeout_s=a.timeout, barrier_per_epoch=a.barrier_per_epoch, progress=on_progress, mode=a.mode)
         except CommFailed as e:
             print(f"error: run failed: {e}", file=sys.stderr)
             if getattr(e, "details", ""):
@@ -681,7 +681,8 @@ def cmd_tasks(a: argparse.Namespace) -> int:
         resolve(a.task)
         params = _json_arg(a.params, "--params")
         _check_params(a.task, params)
-    store = TaskStore.in_run_dir(a.run_dir)
+    with _as_options(task_store="--run-dir"):
+        store = TaskStore.in_run_dir(a.run_dir)
     try:
         if a.action == "submit":
             tid = store.submit(a.task, params, a.priority, a.memory_mb)
@@ -840,7 +841,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--price-ref", type=number(0, 1e9, lo_open=True, what="a price"), default=1.0, help="reference device price per hour (default 1)")
     tr.add_argument("--paired-block", type=integer(0, 10**6, "iterations"), default=2,
                     help="harvesting alternates on/off in randomized blocks of this many iterations (0: separate runs only)")
-    tr.add_argument("--budget", type=number(0, 100, lo_open=True, what="percent"), default=2.0, help="the training owner's overhead budget in percent (default 2)")
+    tr.add_argument("--budget", type=number(0, 100, what="percent"), default=2.0, help="the training owner's overhead budget in percent (default 2)")
     tr.set_defaults(func=cmd_train)
 
     mg = sub.add_parser("manager", help="inspect, restart or stop a run's side-task manager (works while training runs)")
@@ -903,8 +904,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"invalid: {e}", file=sys.stderr)
         return 1
     except InputError as e:
-        if e.field in OPTION_OF:  # the library's name for what the user wrote as an option
-            e = InputError(OPTION_OF[e.field], e.problem, e.fix)
         _say_error(str(e))
         return 2
     except _RunFailed as e:
@@ -913,6 +912,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
+    except OSError as e:  # the work ran and could not write or read what it had to (a full disk, ...)
+        _say_error(f"{e.strerror or e}{f': {e.filename}' if e.filename else ''}")
+        return 1
 
 
 if __name__ == "__main__":

@@ -29,7 +29,16 @@ _umask_lock = threading.Lock()
 
 
 def _umask() -> int:
-    with _umask_lock:  # os.umask can only be read by setting it
+    """This process's umask: read from /proc on Linux (setting it to read it, the only portable
+    way, would briefly change it for every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _umask_lock:
         mask = os.umask(0o022)
         os.umask(mask)
     return mask
@@ -53,15 +62,17 @@ def read_json(path: str | Path, field: str, fix: str) -> Any:
     """Parsed JSON of ``path``; an unreadable, oversized, too deep or bad JSON file is an
     InputError on ``field``."""
     p = Path(path)
-    if p.is_dir():
-        raise InputError(field, f"{p} is a directory", fix)
     try:
-        size = p.stat().st_size
-        if size > MAX_JSON_BYTES:
-            raise InputError(field, f"{p} is {size / 2**20:.0f} MiB, over the {MAX_JSON_BYTES >> 20} MiB limit", "give a smaller file")
-        text = p.read_text()
+        if p.is_dir():
+            raise InputError(field, f"{p} is a directory", fix)
+        with open(p, "rb") as f:  # read at most the limit: a pipe or /dev/zero has no size to stat
+            data = f.read(MAX_JSON_BYTES + 1)
     except OSError as e:
-        raise InputError(field, f"cannot read {p}: {e.strerror}", fix) from None
+        raise InputError(field, f"cannot read {p}: {e.strerror or e}", fix) from None
+    if len(data) > MAX_JSON_BYTES:
+        raise InputError(field, f"{p} is over the {MAX_JSON_BYTES >> 20} MiB limit", "give a smaller file")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(field, f"{p} is not UTF-8 text", fix) from None
     return parse_json_text(text, field, str(p))
@@ -74,7 +85,7 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
         raise ValueError(f"mode {mode!r}: use 'w' or 'wb'")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".fr-", suffix=".tmp")  # short: any legal name still fits
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, mode) as f:
@@ -132,6 +143,15 @@ def check_output_file(path: str | Path, field: str) -> Path:
     p = Path(path)
     if str(path).strip() == "":
         raise InputError(field, "is empty", "give a file name")
+    try:
+        return _check_output_file(p, field)
+    except OSError as e:  # a name too long, a path through a file we may not search, ...
+        raise InputError(field, f"cannot use {str(p)[:80]}: {e.strerror or e}", "give another path") from None
+
+
+def _check_output_file(p: Path, field: str) -> Path:
+    if len(p.name.encode()) > 255:
+        raise InputError(field, f"the file name is {len(p.name.encode())} bytes long, over the 255 a file system allows", "give a shorter name")
     if p.is_dir():
         raise InputError(field, f"{p} is a directory", "give a file name inside it")
     parent = p.parent if str(p.parent) else Path(".")
@@ -151,6 +171,13 @@ def check_output_dir(path: str | Path, field: str) -> Path:
     p = Path(path)
     if str(path).strip() == "":
         raise InputError(field, "is empty", "give a directory")
+    try:
+        return _check_output_dir(p, field)
+    except OSError as e:
+        raise InputError(field, f"cannot use {str(p)[:80]}: {e.strerror or e}", "give another directory") from None
+
+
+def _check_output_dir(p: Path, field: str) -> Path:
     if p.exists():
         if not p.is_dir():
             raise InputError(field, f"{p} is a file, not a directory", "give a directory")

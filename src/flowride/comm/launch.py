@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -193,20 +194,26 @@ def run_schedules(items: list[Schedule | Program], size_bytes: int | list[int | 
     for s in sizes:
         if not isinstance(s, int) or s < 1:
             raise InputError("size_bytes", f"{s!r} is not a positive size", "give the per-rank buffer size in bytes")
+    dev = _pick_device(n, device)
     need = n * max(sizes) * RUN_COPIES
     have = _memory_bytes()
-    if have and need > 0.8 * have:
+    if dev == "cpu" and have and need > 0.8 * have:  # on CUDA the buffers live on the GPUs
         raise InputError("size_bytes", f"{max(sizes):,} bytes per rank need about {need / 2**30:.1f} GiB on {n} ranks "
                          f"(input, output, scratch and torch's reference), over 80% of this machine's {have / 2**30:.1f} GiB",
                          "give a smaller size")
-    dev = _pick_device(n, device)
     backend = backend or ("nccl" if dev == "cuda" else "gloo")
     if backend not in ("gloo", "nccl"):
         raise InputError("backend", f"{backend!r} is unknown", "use gloo or nccl")
     own_dir = run_dir is None
     rd = Path(tempfile.mkdtemp(prefix="flowride-comm-")) if own_dir else Path(run_dir)
     t0 = time.monotonic()
-    with RankGroup(rd, n, remove_dir=own_dir) as ranks:  # from here on the dir goes, whatever happens
+    try:
+        ranks = RankGroup(rd, n, remove_dir=own_dir)
+    except BaseException:
+        if own_dir:
+            shutil.rmtree(rd, ignore_errors=True)
+        raise
+    with ranks:  # from here on the dir goes, whatever happens
         rd.mkdir(parents=True, exist_ok=True)
         for old in [*rd.glob("rank*.*"), rd / "progress.jsonl", rd / "report.json"]:
             old.unlink(missing_ok=True)
@@ -257,10 +264,6 @@ def _watch(ranks: RankGroup, rd: Path, n: int, timeout_s: float, t0: float,
                         exited_at.setdefault(r, now)
                 bad = [(r, c) for r, c in enumerate(codes) if c not in (None, EXIT_OK, EXIT_WRONG)]
             bad += [(r, 1) for r in range(len(procs)) if codes[r] is None and (rd / f"rank{r}.error").exists()]
-            stopped = ranks.stopped()
-            if stopped:  # peers gave up on a stopped rank: it is the cause, not they
-                ranks.stop()
-                raise CommFailed(stopped[0], f"rank {stopped[0]} is stopped (SIGSTOP or a debugger); its peers failed waiting for it")
             ranks.stop()
             rank, why = _first_failure(rd, bad, exited_at)
             raise CommFailed(rank, f"rank {rank} failed: {why}", ranks.tail(rank))

@@ -97,6 +97,8 @@ class TaskStore:
             self.db.executescript(SCHEMA)
             have = {r[1] for r in self.db.execute("PRAGMA table_info(tasks)")}
         except (sqlite3.DatabaseError, OSError) as e:
+            if getattr(self, "db", None) is not None:
+                self.db.close()
             raise InputError("task store", f"{self.path} cannot be used as a task store ({e})", fix) from None
         missing = sorted(TASK_COLUMNS - have)
         if missing:

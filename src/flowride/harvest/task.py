@@ -130,11 +130,19 @@ def check_params(name: str, params: dict[str, Any]) -> None:
         return
     try:
         factory(**params)
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, ArithmeticError) as e:
         raise InputError("params", str(e), f"see the parameters of {name} in docs/harvest.md") from None
 
 
 T = typing.TypeVar("T")
+
+
+def _finite(v: float) -> bool:
+    """A number a float can hold (a 400-digit integer is not: float() overflows)."""
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def parse_params(cls: type[T], params: dict[str, Any], task: str) -> T:
@@ -153,7 +161,7 @@ def parse_params(cls: type[T], params: dict[str, Any], task: str) -> T:
             continue
         ok = any(
             (a is int and isinstance(v, int) and not isinstance(v, bool))
-            or (a is float and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v))
+            or (a is float and isinstance(v, int | float) and not isinstance(v, bool) and _finite(v))
             or (a is bool and isinstance(v, bool))
             or (a is str and isinstance(v, str))
             for a in allowed

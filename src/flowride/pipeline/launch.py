@@ -73,12 +73,14 @@ def _watch(ranks: RankGroup, run_dir: Path, peer_timeout_s: float, wall: float,
         forward()
         stopped = ranks.stopped()
         bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        late = [r for r in stopped if ranks.stopped_for(r) >= peer_timeout_s]
-        if late or (bad and stopped):
-            r = (late or stopped)[0]
+        # a rank stopped for the peer timeout is the cause; so is one stopped long enough that the
+        # peers failing now were waiting for it (a peer may have begun waiting just before the stop)
+        cause = [r for r in stopped if ranks.stopped_for(r) >= (0.5 if bad else 1.0) * peer_timeout_s]
+        if cause:
+            r = cause[0]
             ranks.stop()
             raise TrainingFailed(r, f"rank {r} is stopped (SIGSTOP or a debugger): no progress for "
-                                    f"{max(ranks.stopped_for(r), 0):.1f} s, over the {peer_timeout_s:g} s peer timeout")
+                                    f"{ranks.stopped_for(r):.1f} s (peer timeout {peer_timeout_s:g} s)")
         if bad:
             # the first rank to fail is the cause; peers fail after it (connection reset)
             ranks.stop()

@@ -18,7 +18,7 @@ from typing import Any
 from flowride.collectives.demand import Collective, Demand, make_demand
 from flowride.errors import InputError
 from flowride.files import read_json, write_json_atomic
-from flowride.sizes import MAX_CHUNKS, MAX_EPOCHS, MAX_SENDS
+from flowride.sizes import MAX_BUFFER_BYTES, MAX_CHUNKS, MAX_EPOCHS, MAX_SENDS
 from flowride.topology.io import topology_from_dict, topology_to_dict
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming, epoch_timing
@@ -95,6 +95,8 @@ class Schedule:
             v = data[key]
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(key, f"{v!r} is not a positive integer", "regenerate the schedule with flowride synth")
+        if data["size_bytes"] > MAX_BUFFER_BYTES:
+            raise InputError("size_bytes", f"{data['size_bytes']:.3g} is over the limit of {MAX_BUFFER_BYTES:.0e} bytes", "give a smaller size")
         if data["chunks"] > MAX_CHUNKS:
             raise InputError("chunks", f"{data['chunks']:,} is over the limit of {MAX_CHUNKS:,} chunks per block", "use fewer chunks")
         if not isinstance(data["sends"], list):
@@ -115,7 +117,11 @@ class Schedule:
                 raise InputError(f"sends[{i}][0]", f"epoch {s[0]:,} is outside 0..{MAX_EPOCHS:,}", "give the epoch the send starts in")
             sends.append(Send(*s[:4], bool(s[4]) if len(s) == 5 else False))
         tau = data["epoch_duration_s"]
-        if not isinstance(tau, int | float) or isinstance(tau, bool) or not (math.isfinite(tau) and tau > 0):
+        try:
+            tau_ok = isinstance(tau, int | float) and not isinstance(tau, bool) and math.isfinite(float(tau)) and tau > 0
+        except OverflowError:  # an integer too large for a float
+            tau_ok = False
+        if not tau_ok:
             raise InputError("epoch_duration_s", f"{tau!r} is not a positive number", "give seconds above zero")
         return cls(
             topology_from_dict(data["topology"]),

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flowride.errors import InputError
+from flowride.sizes import MAX_GPUS, MAX_LINKS
 from flowride.topology.model import Link, Node, Topology
 
 US = 1e-6
@@ -101,6 +102,14 @@ def _positive(value: int, field: str, minimum: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise InputError(field, f"{value!r} is not an integer >= {minimum}", f"give {field} >= {minimum}")
     return value
+
+
+def _fits(field: str, gpus: int, links: int) -> None:
+    """Refuse a preset before building it when it would pass the topology limits."""
+    if gpus > MAX_GPUS:
+        raise InputError(field, f"gives {gpus:,} GPUs, over the limit of {MAX_GPUS:,}", "give a smaller topology")
+    if links > MAX_LINKS:
+        raise InputError(field, f"gives {links:,} links, over the limit of {MAX_LINKS:,}", "give a smaller topology")
 
 
 def dgx1() -> Topology:
@@ -237,6 +246,8 @@ def h100(chassis: int = 1) -> Topology:
 def ring(n: int = 8, bandwidth: float = 50.0, alpha_us: float = 0.7, bidirectional: bool = True) -> Topology:
     """n GPUs on a ring (both directions unless ``bidirectional`` is false)."""
     n = _positive(n, "n", 2)
+    _fits("n", n, 2 * n)
+    _fits("n", n, 2 * n)
     b = _Builder.with_gpus(n)
     pairs = {(i, (i + 1) % n) for i in range(n)}
     if bidirectional:
@@ -250,6 +261,7 @@ def _grid(name: str, rows: int, cols: int, wrap: bool, bandwidth: float, alpha_u
     rows, cols = _positive(rows, "rows"), _positive(cols, "cols")
     if rows * cols < 2:
         raise InputError("rows x cols", "gives fewer than 2 GPUs", "use at least 2 GPUs")
+    _fits("rows x cols", rows * cols, 4 * rows * cols)
     b = _Builder.with_gpus(rows * cols)
     pairs: set[tuple[int, int]] = set()
     for r in range(rows):
@@ -286,6 +298,7 @@ def torus(rows: int = 4, cols: int = 4, bandwidth: float = 50.0, alpha_us: float
 def full(n: int = 8, bandwidth: float = 50.0, alpha_us: float = 0.7) -> Topology:
     """n GPUs with a direct link between every ordered pair."""
     n = _positive(n, "n", 2)
+    _fits("n", n, n * (n - 1))
     b = _Builder.with_gpus(n)
     for i in range(n):
         for j in range(n):
