@@ -137,16 +137,27 @@ def _nearest_existing(p: Path) -> Path:
     return q
 
 
+def _guarded(check: Callable[[Path, str], Path], path: str | Path, field: str, what: str) -> Path:
+    """Run an output check; an empty path or an OSError on the way (a name too long, a path
+    through something we may not search) is an InputError on ``field`` too."""
+    if str(path).strip() == "":
+        raise InputError(field, "is empty", f"give a {what}")
+    try:
+        return check(Path(path), field)
+    except OSError as e:
+        raise InputError(field, f"cannot use {str(path)[:80]}: {e.strerror or e}", f"give another {what}") from None
+
+
 def check_output_file(path: str | Path, field: str) -> Path:
     """An output file we will be able to write: not a directory, its parent an existing,
     writable directory. Checked before the work, so a typo costs a second, not the run."""
-    p = Path(path)
-    if str(path).strip() == "":
-        raise InputError(field, "is empty", "give a file name")
-    try:
-        return _check_output_file(p, field)
-    except OSError as e:  # a name too long, a path through a file we may not search, ...
-        raise InputError(field, f"cannot use {str(p)[:80]}: {e.strerror or e}", "give another path") from None
+    return _guarded(_check_output_file, path, field, "file name")
+
+
+def check_output_dir(path: str | Path, field: str) -> Path:
+    """A directory we will be able to create or write into: an existing writable directory,
+    or a path whose nearest existing ancestor is a writable directory."""
+    return _guarded(_check_output_dir, path, field, "directory")
 
 
 def _check_output_file(p: Path, field: str) -> Path:
@@ -163,18 +174,6 @@ def _check_output_file(p: Path, field: str) -> Path:
     if why:
         raise InputError(field, f"cannot write in {parent} ({why})", "give a path in a directory you can write")
     return p
-
-
-def check_output_dir(path: str | Path, field: str) -> Path:
-    """A directory we will be able to create or write into: an existing writable directory,
-    or a path whose nearest existing ancestor is a writable directory."""
-    p = Path(path)
-    if str(path).strip() == "":
-        raise InputError(field, "is empty", "give a directory")
-    try:
-        return _check_output_dir(p, field)
-    except OSError as e:
-        raise InputError(field, f"cannot use {str(p)[:80]}: {e.strerror or e}", "give another directory") from None
 
 
 def _check_output_dir(p: Path, field: str) -> Path:
