@@ -98,3 +98,17 @@ def test_number_types_parse_in_range_or_refuse(text):
         except argparse.ArgumentTypeError:
             continue
         assert isinstance(v, int) and lo <= v <= hi
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (["synth", "-t", "ring", "--n", "4", "-s", "1MB", "--collective", "foo"], "--collective"),
+    (["synth", "-t", "ring", "--n", "4", "-s", "1MB", "--method", "foo"], "--method"),
+    (["synth", "-t", "ring", "--n", "4", "-s", "1MB", "--speedups", "foo"], "--speedups"),
+    (["train", "--schedule", "nosuch", "--iters", "1"], "--schedule"),
+    (["train", "--model", "huge", "--iters", "1"], "--model"),
+    (["schedule-show", "1f1b", "--chunks", "3"], "--chunks"),
+    (["train", "--data", "/dev/zero", "--iters", "1", "--model", "small"], "--data"),
+])
+def test_word_options_are_named_as_written(args, option):
+    """Not only numbers: every option's error names it with its dashes, as the user typed it."""
+    assert_clean_error(cli(*args), 2, f"error: {option}:", within=60)

@@ -41,6 +41,11 @@ err = Console(stderr=True)
 MULTI_STAGE = frozenset({"interleaved", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev"})
 
 
+# the pipeline library's field names -> the options of train, profile-bubbles and schedule-show
+PIPELINE_OPTIONS = {"schedule": "--schedule", "model": "--model", "chunks": "--chunks", "stages": "--stages",
+                    "microbatches": "--microbatches", "engine": "--engine"}
+
+
 @contextmanager
 def _as_options(**option_of: str) -> Iterator[None]:
     """Within the block, the library's field ``name`` is what the user wrote as ``option_of[name]``
@@ -217,9 +222,11 @@ def cmd_synth(a: argparse.Namespace) -> int:
     topo = _load_topology(a)
     size = parse_size(a.size, "--size")
     epoch = _epoch(a.epoch)
-    speedups = parse_speedups(a.speedups)
+    with _as_options(speedups="--speedups"):
+        speedups = parse_speedups(a.speedups)
     opts = _as_options(chunks="--chunks", time_limit="--time-limit", epoch="--epoch", mip_gap="--mip-gap",
-                       threads="--threads", size="--size")
+                       threads="--threads", size="--size", collective="--collective", method="--method",
+                       objective="--objective")
     with err.status("[bold]synth[/bold] building bounds and baseline") as st, opts:
         out = synthesize(topo, a.collective, size, epoch, a.chunks, a.time_limit, a.mip_gap, a.threads, _ProgressView(st),
                          method=a.method, memory_limit=int(a.memory_limit * 2**30), speedups=speedups, objective=a.objective)
@@ -517,7 +524,8 @@ def _run_training(cfg):
     from flowride.pipeline.launch import TrainingFailed
     from flowride.pipeline.trainer import check_profile, train
 
-    cfg.validate()  # bad input fails before any progress bar or process starts
+    with _as_options(**PIPELINE_OPTIONS):
+        cfg.validate()  # bad input fails before any progress bar or process starts
     check_profile(cfg)
     with Progress(
         TextColumn("[bold]train[/bold] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -592,7 +600,8 @@ def _train_harvesting(a: argparse.Namespace, cfg, tasks: list[str], mode: str):
     from flowride.harvest.supervise import ManagerUnavailable
     from flowride.pipeline.launch import TrainingFailed
 
-    check_comparison(cfg, mode, tasks, a.paired_block, a.budget, a.price_ref, a.price_main)
+    with _as_options(**PIPELINE_OPTIONS):
+        check_comparison(cfg, mode, tasks, a.paired_block, a.budget, a.price_ref, a.price_main)
     base_rep = None
     if a.baseline_report:
         base_rep = read_json(a.baseline_report, "--baseline-report", "give a report written by flowride train")
@@ -740,7 +749,8 @@ def cmd_schedule_show(a: argparse.Namespace) -> int:
     if cells > MAX_GRID_CELLS:
         raise InputError("--microbatches", f"{a.stages} stages x {a.microbatches} micro-batches x {a.chunks} chunk(s) make about "
                          f"{cells:,} cells, over the {MAX_GRID_CELLS:,} a text grid can show", "use fewer stages or micro-batches")
-    instrs = build_schedule(name, a.stages, a.microbatches, a.chunks)
+    with _as_options(**PIPELINE_OPTIONS):
+        instrs = build_schedule(name, a.stages, a.microbatches, a.chunks)
     console.print(render_grid(instrs, a.stages, a.microbatches, a.chunks), highlight=False, soft_wrap=True)
     console.print(f"theoretical bubble fraction: {theoretical_bubble_fraction(name, a.stages, a.microbatches, a.chunks):.4f}")
     return 0

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from flowride.errors import InputError
+from flowride.sizes import MAX_DATA_BYTES
 
 
 class TokenSource:
@@ -26,14 +27,19 @@ class TokenSource:
         self.text: np.ndarray | None = None
         if text_file:
             try:
-                raw = Path(text_file).read_bytes()
+                if Path(text_file).is_dir():
+                    raise InputError("--data", f"{text_file} is a directory", "give a text file")
+                with open(text_file, "rb") as f:  # at most the limit (a pipe or /dev/zero has no size)
+                    raw = f.read(MAX_DATA_BYTES + 1)
             except OSError as e:
-                raise InputError("--data", f"cannot read {text_file}: {e.strerror}", "give an existing text file") from None
+                raise InputError("--data", f"cannot read {text_file}: {e.strerror or e}", "give an existing text file") from None
+            if len(raw) > MAX_DATA_BYTES:
+                raise InputError("--data", f"{text_file} is over the {MAX_DATA_BYTES >> 20} MiB limit", "give a smaller text file")
             if len(raw) < seq_len + 2:
                 raise InputError("--data", f"{text_file} has {len(raw)} bytes", f"give at least {seq_len + 2} bytes of text")
             if vocab_size < 256:
                 raise InputError("--data", "byte-level text needs a vocabulary of 256", "use the small or medium model")
-            self.text = np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+            self.text = np.frombuffer(raw, dtype=np.uint8)  # bytes; widened per batch
         else:
             rng = np.random.default_rng(seed)
             self.succ = rng.integers(0, vocab_size, size=(vocab_size, branching))
@@ -46,7 +52,7 @@ class TokenSource:
         t1 = self.seq_len + 1
         if self.text is not None:
             starts = rng.integers(0, len(self.text) - t1, size=n)
-            out = np.stack([self.text[s : s + t1] for s in starts])
+            out = np.stack([self.text[s : s + t1] for s in starts]).astype(np.int64)
         else:
             out = np.empty((n, t1), dtype=np.int64)
             out[:, 0] = rng.integers(0, self.vocab_size, size=n)
