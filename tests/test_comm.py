@@ -224,13 +224,12 @@ def test_hung_rank_fails_within_the_timeout_naming_it(tmp_path):
     assert workers_left(str(tmp_path / "run")) == []
 
 
-@pytest.mark.skipif(not (Path(sys.executable).parent / "torchrun").exists(), reason="torchrun is not installed")
 def test_worker_under_torchrun(tmp_path):
     """The worker as torchrun starts it (rank from the environment); rank 0 prints the report."""
     prog = as_program(synthesize(build_topology("ring", n=4), "alltoall", 64 * KIB, "fast").schedule)
     save_program(prog, tmp_path / "p.json")
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    p = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "4", "-m", "flowride.comm.worker",
+    # torchrun's own module, always there with torch (the console script may not be on PATH)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m", "flowride.comm.worker",
                         "--program", str(tmp_path / "p.json"), "--repeats", "1", "--warmup", "0", "--timeout-s", "60",
                         "--mode", "ordered"],
                        capture_output=True, text=True, timeout=90, cwd=tmp_path)

@@ -50,9 +50,15 @@ def _load_prctl():
 _PRCTL = _load_prctl()
 
 
-def _tie_to_parent() -> None:  # runs in the child between fork and exec
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (PR_SET_PDEATHSIG,
+    Linux; nothing elsewhere). Safe in a preexec_fn: prctl was resolved in the parent."""
     if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills this rank when its launcher dies
+        _PRCTL(1, sig)
+
+
+def _tie_to_parent() -> None:  # runs in the child between fork and exec
+    set_parent_death_signal(signal.SIGKILL)  # the kernel kills this rank when its launcher dies
 
 
 def process_state(pid: int) -> str | None:
@@ -233,11 +239,10 @@ def guard(lines: Iterable[str]) -> None:
         elif word == "rmtree":
             dirs.append(arg)
     for g in groups:
-        for sig in (signal.SIGKILL,):
-            try:
-                os.killpg(g, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     deadline = time.monotonic() + 5.0
     for d in dirs:  # ranks may still be closing files in it for a moment
         while True:

@@ -20,23 +20,13 @@ What each really enforces:
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
-
-
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
-    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, sig)
-    except OSError:
-        pass
+from flowride.ranks import set_parent_death_signal
 
 
 def mps_daemon_running() -> bool:

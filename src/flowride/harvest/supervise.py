@@ -25,8 +25,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from flowride.files import write_json_atomic
-from flowride.harvest.limits import set_parent_death_signal
 from flowride.harvest.manager import ManagerOptions
+from flowride.ranks import set_parent_death_signal
 
 OPTIONS_FILE = "manager.json"
 PROFILES_FILE = "task-profiles.json"
