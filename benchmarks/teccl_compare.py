@@ -14,7 +14,7 @@ Three tables, each printed as it runs and, with ``--write-docs``, written into d
   on dgx2 x 2 and ndv2 x 4.
 - ``--huge``: AllGather on a 32x32 torus (1,024 GPUs) and AlltoAll on a 16x32 torus (512
   GPUs), at 1 MB and 1 GB, against their bounds (the issue's 10-minute targets).
-- ``--ablation``: the MILP search's speed-ups one at a time (flowride.synth.horizon.Speedups) on
+- ``--ablation``: the MILP search's speed-ups one at a time (flowride.synth.options.Speedups) on
   instances where the packed trees do not already meet the lower bound.
 - ``--memory``: peak memory of MILP runs against their largest probe (the memory guard's rate).
 

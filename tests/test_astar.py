@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from flowride.api import synthesize
 from flowride.collectives import make_demand
 from flowride.schedule import Schedule, simulate
-from flowride.synth.astar import NEVER, _State, synthesize_astar
+from flowride.synth.astar import synthesize_astar
+from flowride.synth.astar_state import NEVER, State
+from flowride.synth.bounds import epoch_lower_bound
 from flowride.synth.greedy import ring_allgather
-from flowride.synth.horizon import epoch_lower_bound
 from flowride.topology import Link, Node, Topology, dgx1, dgx2, mesh, ndv2, ring, switch, torus
 from flowride.topology.timing import epoch_timing
 from test_properties import topologies
@@ -152,7 +153,7 @@ def test_committed_state_refuses_invalid_sends():
     topo = Topology("tiny", nodes, links)
     demand = make_demand(topo, "allgather", 3 * 10**6)
     timing = epoch_timing(topo, demand.chunk_bytes, "fast")
-    stt = _State(topo, demand, timing)
+    stt = State(topo, demand, timing)
     q0 = next(i for i, q in enumerate(demand.commodities) if q.source == 0)
     q3 = next(i for i, q in enumerate(demand.commodities) if q.source == 3)
     l01, l12, l20, l23 = (topo.link_index[p] for p in [(0, 1), (1, 2), (2, 0), (2, 3)])

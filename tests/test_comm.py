@@ -42,7 +42,7 @@ from flowride.comm.data import (
 )
 from flowride.comm.worker import FAULT_ENV
 from flowride.errors import InputError
-from flowride.schedule.program import check_program
+from flowride.program import check_program
 from flowride.schedule.reduce import allreduce_from_allgather, reduce_scatter_from_allgather
 from flowride.topology.builtins import build_topology
 

@@ -15,10 +15,11 @@ import pytest
 
 from flowride.collectives import Demand, make_demand
 from flowride.schedule import Schedule, simulate
+from flowride.synth.bounds import epoch_lower_bound
 from flowride.synth.highs import MipModel, SolveOptions, solve
-from flowride.synth.horizon import epoch_lower_bound
-from flowride.synth.milp import FlowIndex, Infeasible, build_model, sends_from_solution
+from flowride.synth.milp import FlowIndex, build_model, sends_from_solution
 from flowride.synth.reach import dist_to_need, epoch_distances
+from flowride.synth.rows import Infeasible
 from flowride.topology import Topology, dgx1, ndv2, ring, switch
 from flowride.topology.timing import EpochTiming, epoch_timing
 

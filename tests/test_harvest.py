@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from flowride.harvest.cost import harvest_efficiency, savings
-from flowride.harvest.manager import ManagerOptions, fit_time, read_steps, step_fits
+from flowride.harvest.fitting import fit_time, step_fits
+from flowride.harvest.manager import ManagerOptions, read_steps
 from flowride.harvest.states import IllegalTransition, TaskState, check_transition
 from flowride.harvest.store import TaskStore
 from flowride.pipeline.events import BubbleEvent, BubblePublisher

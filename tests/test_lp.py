@@ -25,17 +25,10 @@ from hypothesis import strategies as st
 from flowride.api import synthesize
 from flowride.collectives import make_demand
 from flowride.schedule import Schedule, simulate
+from flowride.synth.flow import round_to_pieces, schedule_paths, unicast_needs
 from flowride.synth.greedy import direct_alltoall
-from flowride.synth.lp import (
-    LpSearch,
-    build_lp,
-    decompose_flow,
-    min_lp_horizon,
-    round_to_pieces,
-    schedule_paths,
-    synthesize_lp,
-    unicast_needs,
-)
+from flowride.synth.lp import build_lp, decompose_flow
+from flowride.synth.lp_search import LpSearch, min_lp_horizon, synthesize_lp
 from flowride.topology import Topology, dgx1, full, mesh, ring, switch
 from flowride.topology.timing import epoch_timing
 from test_properties import topologies  # tests/ is on sys.path (rootdir conftest, no package)

@@ -13,15 +13,17 @@ import pytest
 from flowride.api import synthesize
 from flowride.collectives.demand import make_demand
 from flowride.errors import InputError
-from flowride.schedule.ir import Schedule
-from flowride.schedule.msccl import (
+from flowride.program import (
+    check_program,
     from_msccl_xml,
+    lower,
     program_to_schedule,
     read_msccl,
     to_msccl_xml,
+    transfers,
     write_msccl,
 )
-from flowride.schedule.program import check_program, lower, transfers
+from flowride.schedule.ir import Schedule
 from flowride.schedule.reduce import allreduce_from_allgather, reduce_scatter_from_allgather
 from flowride.schedule.simulate import simulate
 from flowride.synth.greedy import baseline_sends

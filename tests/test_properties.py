@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from flowride.api import synthesize
 from flowride.collectives import make_demand
-from flowride.schedule import Schedule, lower_bounds, simulate
+from flowride.schedule import Schedule, simulate
+from flowride.synth.bounds import epoch_lower_bound, lower_bounds
 from flowride.synth.highs import SolveOptions, solve
-from flowride.synth.horizon import epoch_lower_bound
-from flowride.synth.milp import Infeasible, build_model
+from flowride.synth.milp import build_model
+from flowride.synth.rows import Infeasible
 from flowride.topology import Link, Node, Topology
 from flowride.topology.timing import epoch_timing
 

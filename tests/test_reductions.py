@@ -22,14 +22,15 @@ from hypothesis import strategies as st
 from flowride.api import synthesize
 from flowride.collectives import Collective, make_demand
 from flowride.errors import InputError
-from flowride.schedule import Schedule, Send, load_schedule, lower_bounds, simulate
-from flowride.schedule.program import Step, check_program, lower, transfers
+from flowride.program import Step, check_program, lower, transfers
+from flowride.schedule import Schedule, Send, load_schedule, simulate
 from flowride.schedule.prune import prune_redundant
 from flowride.schedule.reduce import (
     allgather_tree,
     allreduce_from_allgather,
     reduce_scatter_from_allgather,
 )
+from flowride.synth.bounds import lower_bounds
 from flowride.synth.greedy import baseline_sends
 from flowride.topology import Link, Node, Topology, dgx1, full, mesh, ndv2, ring, switch, torus
 from flowride.topology.timing import epoch_timing

@@ -16,13 +16,14 @@ from flowride.api import synthesize
 from flowride.cli import main
 from flowride.collectives import make_demand
 from flowride.errors import InputError
-from flowride.schedule import Schedule, lower_bounds, simulate
+from flowride.schedule import Schedule, simulate
+from flowride.synth.bounds import epoch_lower_bound, forest_bound, lower_bounds
+from flowride.synth.flow import schedule_paths
 from flowride.synth.greedy import retime
-from flowride.synth.horizon import Speedups, epoch_lower_bound, parse_speedups
-from flowride.synth.lp import schedule_paths
 from flowride.synth.lp_static import concurrent_flow, static_paths
+from flowride.synth.options import Speedups, parse_speedups
 from flowride.synth.symmetry import expand_sends, source_symmetry
-from flowride.synth.trees import forest_bound, synthesize_trees, tree_sends
+from flowride.synth.trees import synthesize_trees, tree_sends
 from flowride.topology import dgx1, mi250, ndv2, ring, switch, torus
 from flowride.topology.timing import epoch_timing
 from test_properties import topologies
@@ -101,7 +102,7 @@ def test_static_lp_paths_schedule_and_verify(topo, size, epoch):
 def test_lp_method_uses_the_static_lp_when_the_time_expanded_one_is_too_large():
     out = synthesize(torus(4, 4), "alltoall", 10**6, "fast", method="lp")
     assert out.sim.valid and out.search.static is False
-    from flowride.synth.lp import synthesize_lp
+    from flowride.synth.lp_search import synthesize_lp
 
     topo = torus(4, 4)
     d = make_demand(topo, "alltoall", 10**6)
@@ -185,12 +186,8 @@ def test_symmetric_model_schedules_are_valid(topo, as_short):
     (on the torus since the orbits are its translations, found by VF2++ with link labels: with
     the rotations VF2 found first it needed 15 epochs against 12)."""
     from flowride.synth.highs import SolveOptions, solve
-    from flowride.synth.milp import (
-        Infeasible,
-        build_model,
-        restrict_to_sources,
-        sends_from_solution,
-    )
+    from flowride.synth.milp import build_model, restrict_to_sources, sends_from_solution
+    from flowride.synth.rows import Infeasible
 
     d = make_demand(topo, "allgather", 10**6, 2)
     t = epoch_timing(topo, d.chunk_bytes, "fast")

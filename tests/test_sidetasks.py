@@ -25,6 +25,7 @@ import pytest
 import torch
 from scipy.sparse.csgraph import dijkstra
 
+import flowride.harvest.task as task_mod
 from flowride.errors import InputError
 from flowride.harvest.task import ImperativeSpec, IterativeTask, make_task, registered
 from flowride.sidetasks.cnn import CnnTask, make_batch
@@ -77,6 +78,108 @@ def test_registry_has_the_builtins() -> None:
 def test_unknown_task_raises_input_error() -> None:
     with pytest.raises(InputError, match="unknown side task"):
         make_task("no-such-task")
+
+
+def test_unknown_task_lists_the_known_names_sorted() -> None:
+    with pytest.raises(InputError) as e:
+        make_task("no-such-task")
+    assert e.value.field == "task"
+    assert e.value.fix == "choose one of cnn, image, image-proc, pagerank, sssp or module:Class"
+
+
+def test_builtins_are_declared_as_entry_points() -> None:
+    """The built-ins come from pyproject.toml's entry-point table (reinstall after editing it)."""
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep.value for ep in entry_points(group=task_mod.ENTRY_POINT_GROUP)}
+    assert eps["cnn"] == "flowride.sidetasks.cnn:CnnTask"
+    assert eps["pagerank"] == "flowride.sidetasks.graph:PageRankTask"
+    assert eps["sssp"] == "flowride.sidetasks.graph:SsspTask"
+    assert eps["image"] == "flowride.sidetasks.image:ImageTask"
+    assert eps["image-proc"] == "flowride.sidetasks.image:IMAGE_PROC"
+
+
+@pytest.fixture
+def entry_point_table(monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, str]], None]:
+    """Replace the installed entry points with ``{name: "module:attr"}``, read afresh on the next
+    lookup; monkeypatch puts the real table back afterwards."""
+    from importlib.metadata import EntryPoint
+
+    def use(table: dict[str, str]) -> None:
+        eps = [EntryPoint(name, value, task_mod.ENTRY_POINT_GROUP) for name, value in table.items()]
+        monkeypatch.setattr(task_mod, "entry_points", lambda group: [ep for ep in eps if ep.group == group])
+        monkeypatch.setattr(task_mod, "_ENTRY_POINTS", None)
+
+    return use
+
+
+def test_another_package_adds_a_task_by_entry_point(entry_point_table) -> None:
+    entry_point_table({"pagerank": "flowride.sidetasks.graph:PageRankTask", "counter": "harvest_fixtures.fake_tasks:Counter"})
+    from harvest_fixtures.fake_tasks import Counter
+
+    assert task_mod.resolve("counter") is Counter
+    assert task_mod.known_names() == ["counter", "pagerank"]
+    assert set(registered()) == {"counter", "pagerank"}
+
+
+def test_a_stale_entry_point_is_an_input_error(entry_point_table) -> None:
+    entry_point_table({"cnn": "flowride.sidetasks.gone:CnnTask", "sssp": "flowride.sidetasks.graph:NoSuchTask",
+                       "bad": "flowride.sidetasks.graph:power_law_digraph"})
+    for name, needle in [("cnn", "No module named 'flowride.sidetasks.gone'"), ("sssp", "NoSuchTask"),
+                         ("bad", "neither an IterativeTask nor an ImperativeSpec")]:
+        with pytest.raises(InputError) as e:
+            make_task(name)
+        assert e.value.field == "task" and f"entry point {name} = " in e.value.problem and needle in e.value.problem
+        assert "reinstall flowride (pip install -e .)" in e.value.fix
+    with pytest.raises(InputError) as e:
+        registered()
+    assert "reinstall flowride" in str(e.value)
+
+
+def test_no_entry_points_at_all_says_to_reinstall(entry_point_table) -> None:
+    entry_point_table({})
+    with pytest.raises(InputError, match="unknown side task") as e:
+        make_task("cnn")
+    assert "reinstall flowride (pip install -e .)" in e.value.fix
+
+
+def test_a_task_registered_at_run_time_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harvest_fixtures.fake_tasks import Counter
+
+    monkeypatch.setattr(task_mod, "_REGISTRY", {})
+    task_mod.register("counter-rt", Counter)
+    task_mod.register("pagerank", Counter)
+    assert task_mod.resolve("counter-rt") is Counter and task_mod.resolve("pagerank") is Counter
+    assert registered()["pagerank"] is Counter and registered()["sssp"] is SsspTask
+    assert "counter-rt" in task_mod.known_names()
+
+
+def test_harvest_imports_no_higher_floor() -> None:
+    """harvest sits below the side tasks, the CLI and the API: it never imports them (the built-in
+    tasks reach it through the entry-point table), not even inside a function."""
+    import ast
+
+    offenders = []
+    for py in sorted((SRC / "flowride" / "harvest").rglob("*.py")):
+        for node in ast.walk(ast.parse(py.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for n in names:
+                if n.split(".")[:2] in (["flowride", "sidetasks"], ["flowride", "cli"], ["flowride", "api"]):
+                    offenders.append(f"{py.name}:{node.lineno}: {n}")
+    assert offenders == []
+
+
+def test_sidetasks_registers_nothing_on_import() -> None:
+    code = ("import flowride.sidetasks, flowride.harvest.task as t, sys; "
+            "assert t._REGISTRY == {} and t._ENTRY_POINTS is None; "
+            "import flowride.sidetasks.graph; assert 'torch' not in sys.modules; "
+            "from flowride.sidetasks import CnnTask, IMAGE_PROC; assert IMAGE_PROC.main is flowride.sidetasks.image_proc_main")
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
 
 
 @pytest.mark.parametrize("name", ["cnn", "pagerank", "sssp", "image"])

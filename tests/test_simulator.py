@@ -17,11 +17,11 @@ import pytest
 
 from flowride.collectives import make_demand
 from flowride.errors import InputError
-from flowride.schedule import Schedule, Send, load_schedule, lower_bounds, simulate
+from flowride.schedule import Schedule, Send, load_schedule, simulate
 from flowride.schedule.prune import prune_redundant
+from flowride.synth.bounds import epoch_lower_bound, lower_bounds
 from flowride.synth.greedy import baseline_sends, direct_alltoall, ring_allgather
 from flowride.synth.highs import SolveOptions, solve
-from flowride.synth.horizon import epoch_lower_bound
 from flowride.synth.milp import build_model, sends_from_solution
 from flowride.topology import dgx1, dgx2, full, mesh, mi250, ndv2, ring, switch, torus
 from flowride.topology.timing import epoch_timing

@@ -24,12 +24,12 @@ from tests.test_reductions import topologies
 from flowride.api import coarse_to_fine, ladder_factors, switch_model, synthesize
 from flowride.collectives.demand import Collective, make_demand
 from flowride.schedule.ir import Schedule
+from flowride.schedule.links import LinkBook
 from flowride.schedule.simulate import simulate
-from flowride.synth.greedy import LinkBook
-from flowride.synth.horizon import DEFAULT_SPEEDUPS, _Needs, cut_bound, epoch_lower_bound
+from flowride.synth.bounds import _forest_bound, _Needs, cut_bound, epoch_lower_bound, forest_bound
 from flowride.synth.lp_static import concurrent_flow, dual_flow_bound
+from flowride.synth.options import SynthOptions
 from flowride.synth.reach import epoch_distances
-from flowride.synth.trees import _forest_bound, forest_bound
 from flowride.topology import torus
 from flowride.topology.builtins import dgx2, h100, mi250, ndv2
 from flowride.topology.model import Link, Topology
@@ -138,7 +138,7 @@ def test_coarse_to_fine_gives_verified_retimed_schedules():
     topo = dgx2(2, teccl_compat=True)
     d = make_demand(topo, Collective.ALLGATHER, 1 << 20, 1)
     fine = epoch_timing(topo, d.chunk_bytes, "fast")
-    out = coarse_to_fine(topo, d, fine, "auto", 60, None, None, 8 << 30, DEFAULT_SPEEDUPS)
+    out = coarse_to_fine(topo, d, fine, SynthOptions(memory_limit=8 << 30), 60)
     assert out, "the slow level must give a schedule"
     for r in out:
         sim = simulate(Schedule.from_tuples(topo, r.demand, fine.tau, r.sends))
@@ -293,7 +293,7 @@ def test_weighted_objective_refused_where_it_does_not_apply():
 def test_symmetric_static_lp_matches_the_full_one(topo):
     """The static LP over orbit representatives (what 512-GPU AlltoAlls use) reaches the full
     LP's theta where the automorphisms form a group, and its copied paths schedule and verify."""
-    from flowride.synth.lp import schedule_paths
+    from flowride.synth.flow import schedule_paths
     from flowride.synth.lp_static import symmetric_concurrent_flow, symmetric_paths
     from flowride.synth.symmetry import gpu_orbits
 

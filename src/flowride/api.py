@@ -9,28 +9,35 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from flowride.collectives.demand import Collective, Demand, make_demand
 from flowride.errors import InputError
 from flowride.schedule.ir import Schedule
-from flowride.schedule.metrics import Bounds, algbw_GBps, lower_bounds
+from flowride.schedule.metrics import algbw_GBps
 from flowride.schedule.prune import prune_redundant
+from flowride.schedule.reduce import allreduce_from_allgather, reduce_scatter_from_allgather
 from flowride.schedule.simulate import SimResult, simulate
-from flowride.synth.budget import AUTO_MILP_COLUMNS, MEMORY_LIMIT_BYTES, describe, milp_size
-from flowride.synth.greedy import baseline_sends
-from flowride.synth.horizon import (
-    DEFAULT_SPEEDUPS,
-    Progress,
-    SearchResult,
-    Speedups,
-    bisect_horizon,
-    epoch_lower_bound,
+from flowride.synth.bounds import Bounds, epoch_lower_bound, lower_bounds
+from flowride.synth.budget import (
+    AUTO_MILP_COLUMNS,
+    LP_MAX_COLUMNS,
+    MEMORY_LIMIT_BYTES,
+    check_work,
+    describe,
+    lp_size,
+    milp_size,
 )
+from flowride.synth.greedy import baseline_sends, retime
+from flowride.synth.horizon import bisect_horizon
+from flowride.synth.options import DEFAULT_SPEEDUPS, Speedups, SynthOptions
 from flowride.synth.reach import epoch_distances
+from flowride.synth.result import Progress, SearchResult
 from flowride.synth.trees import synthesize_trees
 from flowride.topology.model import Topology
-from flowride.topology.timing import epoch_timing
+from flowride.topology.timing import EpochTiming, epoch_timing, resolve_tau
 
 
 @dataclass
@@ -89,36 +96,6 @@ class SynthOutcome:
         }
 
 
-UNTIMED_MAX_DELIVERIES = 500_000  # more, without a time limit, is refused (the search would have no end in sight)
-MAX_BETA_EPOCHS = 10_000  # a chunk over more epochs than this: the epoch is far too short
-OVERRUN_SECONDS = 5.0  # what a solve may take beyond --time-limit to finish and verify its best
-SECONDS_PER_SEND = 20e-6  # building and verifying the baseline, per send (measured: 8-16 us here)
-
-
-def check_work(topo: Topology, demand: Demand, timing, time_limit: float | None) -> None:
-    """Refuse, before anything is built, work that cannot end within ``time_limit``: an epoch so
-    short that one chunk spans more than MAX_BETA_EPOCHS of them (every model and check grows
-    with it), or so many sends that even the baseline schedule cannot be built and verified in
-    time (a ring or direct schedule is what every method falls back on)."""
-    b = int(timing.beta_epochs.max()) if len(timing.beta_epochs) else 0
-    if b > MAX_BETA_EPOCHS:
-        longest = float(timing.tau) * b / MAX_BETA_EPOCHS
-        raise InputError("epoch", f"{timing.tau:.3g} s makes one chunk span {b:,} epochs (at most {MAX_BETA_EPOCHS:,})",
-                         f"use --epoch fast or slow, or an epoch of at least {longest:.3g} s")
-    hops = 1.0 if demand.collective.multicast else max(1.0, math.sqrt(len(topo.gpus)) / 2)  # direct routes cross hops
-    sends = demand.num_deliveries * hops
-    est = sends * SECONDS_PER_SEND
-    if time_limit is None and demand.num_deliveries > UNTIMED_MAX_DELIVERIES:
-        raise InputError("time_limit", f"is needed for {demand.num_deliveries:,} deliveries ({demand.chunks:,} chunk(s) per block; "
-                         f"the baseline alone takes about {est:.0f} s here): without a limit the search is unbounded "
-                         f"(refused above {UNTIMED_MAX_DELIVERIES:,} deliveries)",
-                         f"give --time-limit, e.g. {max(600, math.ceil(est * 4))}, or use fewer --chunks")
-    if time_limit is not None and est > time_limit + OVERRUN_SECONDS:
-        raise InputError("time_limit", f"{demand.num_deliveries:,} deliveries ({demand.chunks:,} chunks per block): even the "
-                         f"baseline schedule takes about {est:.0f} s to build and verify here, over {time_limit:g} s",
-                         f"give --time-limit {math.ceil(est * 2)} or more, or fewer --chunks")
-
-
 def switch_model(topo: Topology) -> str:
     """How the topology's switches are modelled, for reports: the published TE-CCL model, every
     switch copying (NVLS-class multicast), forwarding only (the physical default of most presets),
@@ -134,25 +111,6 @@ def _peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-METHODS = ("auto", "milp", "lp", "astar", "trees")
-
-
-def check_method(method: str, demand: Demand) -> str:
-    """The method name, checked against the collective it must build (reductions are built from
-    AllGathers, so they take the AllGather methods)."""
-    m = str(method).strip().lower()
-    if m not in METHODS:
-        raise InputError("method", f"{method!r} is not a method", f"use one of {', '.join(METHODS)}")
-    gathers = demand.collective.multicast or demand.collective.reduces
-    if m == "lp" and gathers:
-        raise InputError("method", f"lp needs a copy-free demand (AlltoAll), not {demand.collective.value}",
-                         "use milp, astar or trees, or auto")
-    if m in ("astar", "trees") and not gathers:
-        raise InputError("method", f"{m} builds AllGather-like collectives, not {demand.collective.value}",
-                         "use milp or lp, or auto")
-    return m
 
 
 def synthesize(
@@ -182,138 +140,219 @@ def synthesize(
       its size is modest; the best verified schedule wins.
     Reductions (ReduceScatter, AllReduce) are built from AllGathers run backwards
     (:func:`synthesize_reduction`) with the same method. ``speedups`` says which accelerations
-    the MILP search uses (:class:`~flowride.synth.horizon.Speedups`)."""
-    t0 = time.perf_counter()
-    if time_limit is not None and not time_limit > 0:
-        raise InputError("time_limit", f"{time_limit} is not positive", "give seconds above zero or leave it out")
-    if mip_gap is not None and not 0 <= mip_gap <= 1:
-        raise InputError("mip_gap", f"{mip_gap} is outside 0..1", "give a relative gap, e.g. 0.01, or leave it out")
-    if threads is not None and not (isinstance(threads, int) and threads >= 1):
-        raise InputError("threads", f"{threads!r} is not a thread count", "give 1 or more, or leave it out")
-    if not (isinstance(memory_limit, int | float) and memory_limit > 0):
-        raise InputError("memory_limit", f"{memory_limit!r} is not a positive number of bytes", "give bytes above zero")
-    demand = make_demand(topo, collective, size_bytes, chunks)
-    method = check_method(method, demand)
-    if objective not in ("makespan", "weighted"):
-        raise InputError("objective", f"{objective!r} is not an objective", "use makespan or weighted")
-    if objective == "weighted" and (demand.collective.multicast or demand.collective.reduces or method not in ("auto", "lp")):
-        raise InputError("objective", "weighted (the published TE-CCL objective) is built for the LP route of AlltoAll",
-                         "use --objective makespan, or -c alltoall with --method lp or auto")
-    if demand.collective.reduces:
-        return synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, progress, t0, method, memory_limit, speedups)
-    timing = epoch_timing(topo, demand.chunk_bytes, epoch)
-    check_work(topo, demand, timing, time_limit)
-    D = epoch_distances(topo, timing)
+    the MILP search uses (:class:`~flowride.synth.options.Speedups`). The keywords are those of
+    :class:`~flowride.synth.options.SynthOptions` (:func:`synthesize_with` takes one)."""
+    opts = SynthOptions(method, epoch, time_limit, mip_gap, threads, memory_limit, speedups, objective)
+    return synthesize_with(topo, collective, size_bytes, chunks, opts, progress)
 
+
+def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: int, chunks: int, opts: SynthOptions,
+                    progress: Progress | None = None) -> SynthOutcome:
+    """:func:`synthesize` with its options as one :class:`SynthOptions`: build the model (timing,
+    baseline, bounds), search (incumbents, then the method), verify and measure."""
+    clock = _Clock(opts.time_limit)
+    opts.check()
+    demand = make_demand(topo, collective, size_bytes, chunks)
+    opts = opts.for_demand(demand)
+    if not demand.collective.reduces:
+        inst = _model(topo, demand, opts, clock, progress)
+        found = _search(inst, opts, clock, progress)
+        return _measure(inst, found, opts, clock)
+    return synthesize_reduction(topo, demand, opts, progress, clock)
+
+
+class _Clock:
+    """The time limit of one synthesis, counted from its start."""
+
+    def __init__(self, time_limit: float | None) -> None:
+        self.t0 = time.perf_counter()
+        self.limit = time_limit
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float | None:
+        """Seconds left (at least a millisecond, so a solver is never handed zero), None without a limit."""
+        return None if self.limit is None else max(1e-3, self.limit - self.elapsed())
+
+    def out(self) -> bool:
+        return self.limit is not None and self.left() <= 1e-3
+
+
+@dataclass
+class _Instance:
+    """The model of one synthesis: the demand at its epoch timing, the baseline schedule that
+    every method must beat (and falls back on), and the bounds in seconds and in epochs."""
+
+    topo: Topology
+    demand: Demand
+    timing: EpochTiming
+    D: np.ndarray
+    base_name: str
+    base: list
+    base_sched: Schedule
+    base_sim: SimResult
+    bounds: Bounds
+    epoch_bounds: dict[str, int]
+
+    @property
+    def lo(self) -> int:
+        return max(self.epoch_bounds.values())
+
+
+def _model(topo: Topology, demand: Demand, opts: SynthOptions, clock: _Clock, progress: Progress | None) -> _Instance:
+    timing = epoch_timing(topo, demand.chunk_bytes, opts.epoch)
+    check_work(topo, demand, timing, opts.time_limit)
+    D = epoch_distances(topo, timing)
     base_name, base = baseline_sends(topo, demand, timing)
     base_sched = Schedule.from_tuples(topo, demand, timing.tau, base, {"method": base_name})
     base_sim = simulate(base_sched)
     if not base_sim.valid:  # the baseline is built by the same rules; this guards the builder
         raise AssertionError(f"baseline {base_name} failed verification: {base_sim.first_violation}")
-
-    def left() -> float | None:
-        return None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
-
-    bounds = lower_bounds(topo, demand, left())
-    eb = epoch_lower_bound(topo, demand, timing, D, left())
-    lo = max(eb.values())
-    hi = int(base_sim.epochs)
+    bounds = lower_bounds(topo, demand, clock.left())
+    eb = epoch_lower_bound(topo, demand, timing, D, clock.left())
+    inst = _Instance(topo, demand, timing, D, base_name, base, base_sched, base_sim, bounds, eb)
     if progress:
-        progress({"stage": "bounds", "lo": lo, "hi": hi, "baseline": base_name, "tau": timing.tau})
+        progress({"stage": "bounds", "lo": inst.lo, "hi": int(base_sim.epochs), "baseline": base_name, "tau": timing.tau})
+    return inst
 
-    chosen = method
-    fallback_sends, fallback_name = None, base_name
-    incumbent_probes: list = []
-    incumbent_timed_out = False
-    ladder: list[Retimed] = []
+
+@dataclass
+class _Best:
+    """The best schedule found before the chosen method runs (the cap of its search)."""
+
+    sends: list | None
+    name: str
+    hi: int  # its epochs (the baseline's while nothing beat it)
+    probes: list
+    timed_out: bool = False
+    ladder: list[Retimed] | None = None
+
+    def offer(self, sends: list, name: str, epochs: int, always: bool = False) -> None:
+        if always or epochs < self.hi:
+            self.sends, self.name, self.hi = sends, name, min(self.hi, epochs)
+
+
+@dataclass
+class _Found:
+    demand: Demand  # the LP route may schedule the chunks cut in pieces
+    search: SearchResult
+    used: str  # the method (or level) that made the schedule
+
+
+def _incumbents(inst: _Instance, opts: SynthOptions, clock: _Clock, progress: Progress | None) -> _Best:
+    """The cheap schedules that cap the search: the packed trees (AllGather), the coarse-to-fine
+    ladder (the slow preset's epochs, retimed), the A* windows (``auto`` AllGather)."""
+    demand, method, speedups = inst.demand, opts.method, opts.speedups
+    best = _Best(None, inst.base_name, int(inst.base_sim.epochs), [], ladder=[])
+    lo = inst.lo
     if demand.collective.multicast and (method == "trees" or (method in ("auto", "milp") and speedups.incumbent)):
         # the tree construction is cheap: the method itself, or the incumbent that caps the MILP search
-        trees = synthesize_trees(topo, demand, timing, left() if method == "trees" else None, progress, min(lo, hi))
-        incumbent_probes += trees.probes
-        incumbent_timed_out = trees.timed_out and method == "trees"
-        if trees.T < hi or method == "trees":
-            fallback_sends, fallback_name, hi = trees.sends, "trees", min(hi, trees.T)
-    if speedups.warm_start and hi > lo and method != "trees" and objective == "makespan":
-        ladder = coarse_to_fine(topo, demand, timing, method, left(), mip_gap, threads, memory_limit, speedups, progress,
-                                fine_too_large=_fine_too_large(topo, demand, timing, hi, D))
-        same = [r for r in ladder if r.demand == demand]
+        trees = synthesize_trees(inst.topo, demand, inst.timing, clock.left() if method == "trees" else None, progress, min(lo, best.hi))
+        best.probes += trees.probes
+        best.timed_out = trees.timed_out and method == "trees"
+        best.offer(trees.sends, "trees", trees.T, always=method == "trees")
+    if speedups.warm_start and best.hi > lo and method != "trees" and opts.objective == "makespan":
+        best.ladder = coarse_to_fine(inst.topo, demand, inst.timing, opts, clock.left(), progress,
+                                     fine_too_large=_fine_too_large(inst.topo, demand, inst.timing, best.hi, inst.D))
+        same = [r for r in best.ladder if r.demand == demand]
         if same:
-            best = min(same, key=lambda r: r.epochs)
-            if best.epochs < hi:
-                fallback_sends, fallback_name, hi = best.sends, best.name, best.epochs
-    if chosen == "auto" and demand.collective.multicast and hi > lo:
+            r = min(same, key=lambda r: r.epochs)
+            best.offer(r.sends, r.name, r.epochs)
+    if method == "auto" and demand.collective.multicast and best.hi > lo:
         # then the windows (seconds, and often at the bound where the MILP would take minutes),
         # with half the time; the MILP below only has to close what gap is left
         from flowride.synth.astar import synthesize_astar
 
-        win = synthesize_astar(topo, demand, timing, time_limit=None if time_limit is None else left() / 2, progress=progress, D=D)
-        incumbent_probes += win.probes
-        if win.T < hi:
-            fallback_sends, fallback_name, hi = win.sends, "astar", win.T
-    size = milp_size(topo, demand, timing, hi, D) if chosen == "milp" or (chosen == "auto" and demand.collective.multicast) else None
+        win = synthesize_astar(inst.topo, demand, inst.timing, time_limit=None if opts.time_limit is None else clock.left() / 2,
+                               progress=progress, D=inst.D)
+        best.probes += win.probes
+        best.offer(win.sends, "astar", win.T)
+    return best
+
+
+def _choose(inst: _Instance, best: _Best, opts: SynthOptions, progress: Progress | None) -> str:
+    """The method that runs after the incumbents: ``auto`` resolved, the MILP refused when its
+    estimated memory exceeds the limit."""
+    demand, chosen, lo, hi = inst.demand, opts.method, inst.lo, best.hi
+    multicast = demand.collective.multicast
+    size = milp_size(inst.topo, demand, inst.timing, hi, inst.D) if chosen == "milp" or (chosen == "auto" and multicast) else None
     if chosen == "auto":
         # copy-free demands: the LP route is exact where its integral polish runs (an integral
         # flow is a schedule) and far smaller than the MILP (docs/synthesis.md)
-        if not demand.collective.multicast:
+        if not multicast:
             chosen = "lp"
-        elif hi > lo and size.columns <= AUTO_MILP_COLUMNS and size.fits(memory_limit):
+        elif hi > lo and size.columns <= AUTO_MILP_COLUMNS and size.fits(opts.memory_limit):
             chosen = "milp"
         else:  # at the bound, or too large a MILP: the best of the trees and the windows
             chosen = "incumbent"
-    if chosen == "milp" and not size.fits(memory_limit):
-        other = "trees or astar" if demand.collective.multicast else "lp"
-        raise InputError("method", f"the MILP would need {describe(size)}, over the {memory_limit / 2**30:.0f} GiB memory limit",
+    if chosen == "milp" and not size.fits(opts.memory_limit):
+        other = "trees or astar" if multicast else "lp"
+        raise InputError("method", f"the MILP would need {describe(size)}, over the {opts.memory_limit / 2**30:.0f} GiB memory limit",
                          f"use --method {other} (or auto), a coarser --epoch (slow or seconds), or fewer chunks")
     if progress:
         progress({"stage": "method", "method": chosen, "lo": lo, "hi": hi, "columns": size.columns if size else None})
+    return chosen
 
+
+def _search(inst: _Instance, opts: SynthOptions, clock: _Clock, progress: Progress | None) -> _Found:
+    """The incumbents, then the chosen method's search capped by them; the best schedule wins."""
+    best = _incumbents(inst, opts, clock, progress)
+    chosen = _choose(inst, best, opts, progress)
+    demand, lo, hi, speedups = inst.demand, inst.lo, best.hi, opts.speedups
     used = chosen
     if chosen == "milp":
         sym = None
         if speedups.symmetry and demand.collective is Collective.ALLGATHER:
             from flowride.synth.symmetry import source_symmetry
 
-            budget = 1.0 if time_limit is None else min(1.0, left() / 20)  # bounded: part of the budget
-            sym = source_symmetry(topo, budget)
+            budget = 1.0 if opts.time_limit is None else min(1.0, clock.left() / 20)  # bounded: part of the budget
+            sym = source_symmetry(inst.topo, budget)
             if sym is not None and sym.reduction < 1.5:
                 sym = None  # a few sources saved do not pay for a second model per probe
-        start = min(lo, hi) if speedups.bounds else min(eb["latency"], hi)
-        search = bisect_horizon(topo, demand, timing, start, hi, left(), mip_gap, threads, progress, D, sym, speedups.parallel)
+        start = min(lo, hi) if speedups.bounds else min(inst.epoch_bounds["latency"], hi)
+        search = bisect_horizon(inst.topo, demand, inst.timing, start, hi, clock.left(), opts.mip_gap, opts.threads, progress,
+                                inst.D, sym, speedups.parallel)
         search.lower = max(search.lower, min(lo, search.T))  # the bounds hold whether the search began at them or not
-        search.probes[:0] = incumbent_probes
+        search.probes[:0] = best.probes
         if search.sends is None:
-            used = fallback_name
-            search.sends = fallback_sends
+            used = best.name
+            search.sends = best.sends
     elif chosen in ("trees", "incumbent"):
-        used = fallback_name
-        search = SearchResult(fallback_sends, hi, min(lo, hi), incumbent_timed_out or (time_limit is not None and left() <= 1e-3),
-                              incumbent_probes, solver_seconds=time.perf_counter() - t0)
+        used = best.name
+        search = SearchResult(best.sends, hi, min(lo, hi), best.timed_out or clock.out(), best.probes,
+                              solver_seconds=clock.elapsed())
     elif chosen == "lp":
-        from flowride.synth.lp import synthesize_lp
+        from flowride.synth.lp_search import synthesize_lp
 
-        demand, search = synthesize_lp(topo, demand, timing, left(), progress, D, memory_limit=memory_limit, objective=objective,
-                                       baseline=(base, int(base_sim.epochs)) if base_name == "direct" else None)
+        direct = (inst.base, int(inst.base_sim.epochs)) if inst.base_name == "direct" else None
+        demand, search = synthesize_lp(inst.topo, demand, inst.timing, clock.left(), progress, inst.D, memory_limit=opts.memory_limit,
+                                       objective=opts.objective, baseline=direct)
         search.lower = max(search.lower, min(lo, search.T))
         used = search.method  # "direct" where the direct AlltoAll was not beaten
     else:  # astar
         from flowride.synth.astar import synthesize_astar
 
-        search = synthesize_astar(topo, demand, timing, time_limit=left(), progress=progress, D=D)
+        search = synthesize_astar(inst.topo, demand, inst.timing, time_limit=clock.left(), progress=progress, D=inst.D)
         search.lower = max(search.lower, min(lo, search.T))
         if search.T > hi:  # the windows did worse than the trees: keep the trees
-            used, search.sends, search.T = fallback_name, fallback_sends, hi
+            used, search.sends, search.T = best.name, best.sends, hi
+    if best.ladder and chosen == "lp":  # the LP route may schedule another demand (pieces): compare epochs
+        r = min(best.ladder, key=lambda r: r.epochs)
+        if r.epochs < search.T or search.sends is None:
+            demand, used, search.sends, search.T = r.demand, r.name, r.sends, r.epochs
+            search.lower = min(search.lower, r.epochs)
+    return _Found(demand, search, used)
 
-    if ladder and chosen == "lp":  # the LP route may schedule another demand (pieces): compare epochs
-        best = min(ladder, key=lambda r: r.epochs)
-        if best.epochs < search.T or search.sends is None:
-            demand, used, search.sends, search.T = best.demand, best.name, best.sends, best.epochs
-            search.lower = min(search.lower, best.epochs)
+
+def _measure(inst: _Instance, found: _Found, opts: SynthOptions, clock: _Clock) -> SynthOutcome:
+    """Replay the winner in the simulator (the only judge), and state what is proven."""
+    demand, search, used = found.demand, found.search, found.used
     if search.sends is None:
-        sched = base_sched
-        used = base_name
+        sched = inst.base_sched
+        used = inst.base_name
     else:
-        sched = Schedule.from_tuples(topo, demand, timing.tau, search.sends, {"method": used})
-        sched = prune_redundant(sched)
+        sched = prune_redundant(Schedule.from_tuples(inst.topo, demand, inst.timing.tau, search.sends, {"method": used}))
     sim = simulate(sched)
     if not sim.valid:
         raise AssertionError(f"synthesized schedule ({used}) failed verification: {sim.first_violation}")
@@ -326,24 +365,14 @@ def synthesize(
     else:
         status = "feasible"
     sched.meta.update(
-        {"status": status, "epochs": sim.epochs, "epoch_lower_bound": search.lower, "epoch_preset": str(epoch),
-         "method_requested": method,
+        {"status": status, "epochs": sim.epochs, "epoch_lower_bound": search.lower, "epoch_preset": str(opts.epoch),
+         "method_requested": opts.method,
          # which objective produced the schedule: the horizon search (with the ladder, trees,
          # windows) minimises the makespan; "weighted" is the published single-LP objective
          "objective": getattr(search, "objective", "makespan")}
     )
-    return SynthOutcome(
-        schedule=sched,
-        sim=sim,
-        demand=demand,
-        bounds=bounds,
-        baseline_name=base_name,
-        baseline=base_sim,
-        search=search,
-        epoch_bounds=eb,
-        status=status,
-        wall_seconds=time.perf_counter() - t0,
-    )
+    return SynthOutcome(sched, sim, demand, inst.bounds, inst.base_name, inst.base_sim, search, inst.epoch_bounds, status,
+                        clock.elapsed())
 
 
 # The coarse-to-fine ladder: epoch lengths (multiples of the requested tau) solved first, with
@@ -371,8 +400,6 @@ def _fine_too_large(topo: Topology, demand: Demand, timing, hi: int, D) -> bool:
     for AlltoAll) too large to solve as a whole."""
     if demand.collective.multicast:
         return milp_size(topo, demand, timing, hi, D).columns > AUTO_MILP_COLUMNS
-    from flowride.synth.budget import LP_MAX_COLUMNS, lp_size
-
     return lp_size(topo, demand, timing, hi, D) > LP_MAX_COLUMNS
 
 
@@ -386,18 +413,12 @@ class Retimed:
     name: str  # e.g. "milp at 10x epochs, retimed"
 
 
-def coarse_to_fine(topo: Topology, demand: Demand, timing, method: str, time_limit: float | None, mip_gap, threads,
-                   memory_limit: int, speedups: Speedups, progress: Progress | None = None,
-                   fine_too_large: bool = False) -> list[Retimed]:
+def coarse_to_fine(topo: Topology, demand: Demand, timing: EpochTiming, opts: SynthOptions, time_limit: float | None,
+                   progress: Progress | None = None, fine_too_large: bool = False) -> list[Retimed]:
     """Solve at the ladder's longer epochs (fewer of them: far smaller models), each schedule
     retimed to ``timing``. The fine search then starts from the best of them, so a fast-preset
     result is never later than the slow preset's (docs/synthesis.md: up to the latency the slow
     preset rounds to zero)."""
-    from dataclasses import replace
-
-    from flowride.synth.greedy import retime
-    from flowride.topology.timing import resolve_tau
-
     slow_tau, _ = resolve_tau(topo, demand.chunk_bytes, "slow")
     out: list[Retimed] = []
     t0 = time.perf_counter()
@@ -409,8 +430,8 @@ def coarse_to_fine(topo: Topology, demand: Demand, timing, method: str, time_lim
         if progress:
             progress({"stage": "ladder", "factor": f, "tau": timing.tau * f, "budget": budget})
         try:
-            o = synthesize(topo, demand.collective, demand.size_bytes, timing.tau * f, demand.chunks, budget, mip_gap, threads,
-                           None, method, memory_limit, replace(speedups, warm_start=False))
+            level = replace(opts, epoch=timing.tau * f, time_limit=budget, speedups=replace(opts.speedups, warm_start=False))
+            o = synthesize_with(topo, demand.collective, demand.size_bytes, demand.chunks, level)
         except InputError:  # e.g. a MILP refused for memory at this level: the next level may do
             continue
         d = o.demand
@@ -438,8 +459,7 @@ def symmetric(topo: Topology) -> bool:
     return True
 
 
-def synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, progress, t0, method="auto",
-                         memory_limit=MEMORY_LIMIT_BYTES, speedups: Speedups = DEFAULT_SPEEDUPS) -> SynthOutcome:
+def synthesize_reduction(topo: Topology, demand: Demand, opts: SynthOptions, progress: Progress | None, clock: _Clock) -> SynthOutcome:
     """ReduceScatter: the AllGather synthesized on the reversed topology, run backwards in time.
     AllReduce: that ReduceScatter, then the AllGather on the topology itself (the same schedule when
     the links are symmetric). The baseline is the ring AllGather treated the same way.
@@ -447,19 +467,15 @@ def synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, prog
     Proven minimal only for a ReduceScatter without switches: there time reversal is exact (every
     capacity window and delay mirrors), so the minimal AllGather on the reversed links gives the
     minimal ReduceScatter."""
-    from flowride.schedule.reduce import allreduce_from_allgather, reduce_scatter_from_allgather
-
     is_ar = demand.collective is Collective.ALLREDUCE
     same = symmetric(topo)
+    time_limit = opts.time_limit
     budget = time_limit if not is_ar or same or time_limit is None else time_limit / 2
     rev_topo = topo if same else topo.reversed()
-    rev = synthesize(rev_topo, Collective.ALLGATHER, demand.size_bytes, epoch, demand.chunks, budget, mip_gap, threads, progress,
-                     method, memory_limit, speedups)
+    rev = synthesize_with(rev_topo, Collective.ALLGATHER, demand.size_bytes, demand.chunks, replace(opts, time_limit=budget), progress)
     fwd = rev
     if is_ar and not same:
-        left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
-        fwd = synthesize(topo, Collective.ALLGATHER, demand.size_bytes, epoch, demand.chunks, left, mip_gap, threads, progress,
-                         method, memory_limit, speedups)
+        fwd = synthesize_with(topo, Collective.ALLGATHER, demand.size_bytes, demand.chunks, replace(opts, time_limit=clock.left()), progress)
 
     def build(r: Schedule, f: Schedule) -> Schedule:
         if is_ar:
@@ -488,8 +504,8 @@ def synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, prog
         status = "timeout"
     else:
         status = "feasible"
-    sched.meta.update({"status": status, "epochs": sim.epochs, "epoch_preset": str(epoch), "allgather_status": rev.status,
-                       "method": rev.schedule.meta.get("method"), "method_requested": method})
+    sched.meta.update({"status": status, "epochs": sim.epochs, "epoch_preset": str(opts.epoch), "allgather_status": rev.status,
+                       "method": rev.schedule.meta.get("method"), "method_requested": opts.method})
     return SynthOutcome(
         schedule=sched,
         sim=sim,
@@ -500,5 +516,5 @@ def synthesize_reduction(topo, demand, epoch, time_limit, mip_gap, threads, prog
         search=search,
         epoch_bounds={"time": lower},
         status=status,
-        wall_seconds=time.perf_counter() - t0,
+        wall_seconds=clock.elapsed(),
     )

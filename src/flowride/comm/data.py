@@ -7,9 +7,9 @@ ranks stay exact in float32 (integers below 2**24). Each (rank, chunk) pair gets
 and offset, so a chunk delivered to the wrong slot, from the wrong rank, or added twice shows up
 as a wrong value rather than a coincidental match.
 
-Buffer layout follows :mod:`flowride.schedule.program` (MSCCL's): C chunks per block, N ranks,
-blocks in rank order. AllGather i[C] o[N*C]; AlltoAll i[N*C] (block for rank j at j*C) o[N*C]
-(from rank j at j*C); ReduceScatter i[N*C] o[C]; AllReduce i[N*C] o[N*C].
+Buffer layout follows :func:`flowride.program.model.buffer_layout` (MSCCL's): C chunks per
+block, N ranks, blocks in rank order; the executor sizes its buffers from the program, so nothing
+here derives the layout again.
 """
 
 from __future__ import annotations
@@ -23,15 +23,6 @@ from flowride.errors import InputError
 
 MODULUS = 1000
 UNWRITTEN = -1.0  # what an output slot holds before the collective: no input value is negative
-
-
-def buffer_chunks(coll: Collective, n: int, c: int) -> tuple[int, int]:
-    """(input chunks, output chunks) per rank."""
-    if coll is Collective.ALLGATHER:
-        return c, n * c
-    if coll is Collective.REDUCESCATTER:
-        return n * c, c
-    return n * c, n * c
 
 
 def elements_per_chunk(coll: Collective, n: int, c: int, size_bytes: int, itemsize: int = 4) -> int:

@@ -1,6 +1,6 @@
 """One rank's program run with torch.distributed point-to-point operations.
 
-Steps follow :func:`flowride.schedule.program.check_program`: ``s`` sends a slot to a peer, ``r``
+Steps follow :func:`flowride.program.check_program`: ``s`` sends a slot to a peer, ``r``
 receives into a slot, ``rrc`` writes src + received into dst, ``cpy`` copies locally; a send and
 its receive share a tag. Ranks synchronize only through the messages themselves (no global
 barrier per epoch unless asked for), which is what lets a schedule's pipelining show.
@@ -14,7 +14,7 @@ Three ways to issue the messages (``mode``):
   puts it after a receive it does not need, and among ready receives one whose message is in
   goes first. gloo matches messages by (peer, tag), so posting order does not matter; the list
   order is one valid order of the same dependencies, so nothing deadlocks that the symbolic
-  check (:func:`~flowride.schedule.program.check_program`) lets finish.
+  check (:func:`~flowride.program.model.check_program`) lets finish.
 - ``ordered``: the same, but the steps run strictly in list order (a send waits for the
   receives listed before it, even unrelated ones). Slower: it turns the schedule's epoch order
   into waits. Kept to compare, and used with ``barrier_per_epoch``.
@@ -31,7 +31,10 @@ With ``barrier_per_epoch`` every rank passes one barrier per epoch of the whole 
 lock-step execution the epoch model describes; for comparison only).
 
 A slot is never overwritten while a send that reads it is in flight: before a step writes a chunk,
-the sends reading that chunk are waited for (and every send a step lists in ``deps``).
+the sends reading that chunk are waited for (and every send a step lists in ``deps``). Which
+chunks a step reads and writes, and the order those accesses impose, come from
+:mod:`flowride.program.model` (the rules the exporter and the symbolic check use); only the
+bookkeeping of what is in flight while the program runs is kept here.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from flowride.errors import InputError
-from flowride.schedule.program import Program, Step
+from flowride.program.model import Program, reads, slot_hazards, writes
 
 MODES = ("auto", "dataflow", "ordered", "grouped")
 
@@ -57,43 +60,6 @@ class CommError(RuntimeError):
     def __init__(self, rank: int, peer: int | None, message: str) -> None:
         self.rank, self.peer = rank, peer
         super().__init__(message)
-
-
-def _chunks(slot: tuple[str, int] | None, cnt: int) -> list[tuple[str, int]]:
-    return [] if slot is None else [(slot[0], slot[1] + j) for j in range(cnt)]
-
-
-def _reads(st: Step) -> list[tuple[str, int]]:
-    return _chunks(st.src, st.cnt) if st.op in ("s", "rrc", "cpy") else []
-
-
-def _writes(st: Step) -> list[tuple[str, int]]:
-    return _chunks(st.dst, st.cnt) if st.op in ("r", "rrc", "cpy") else []
-
-
-def slot_deps(steps: list[Step]) -> list[set[int]]:
-    """For each step, the earlier steps it conflicts with at chunk level (read after write, write
-    after write, write after read): the order any execution must keep."""
-    last_write: dict[tuple[str, int], int] = {}
-    readers: dict[tuple[str, int], list[int]] = defaultdict(list)
-    out: list[set[int]] = []
-    for i, st in enumerate(steps):
-        d: set[int] = set()
-        for ch in _reads(st):
-            if ch in last_write:
-                d.add(last_write[ch])
-        for ch in _writes(st):
-            if ch in last_write:
-                d.add(last_write[ch])
-            d.update(readers.get(ch, []))
-        d.discard(i)
-        out.append(d)
-        for ch in _reads(st):
-            readers[ch].append(i)
-        for ch in _writes(st):
-            last_write[ch] = i
-            readers[ch] = []
-    return out
 
 
 @dataclass(eq=False)
@@ -152,7 +118,7 @@ class ProgramExecutor:
                     send_epoch[st.tag] = st.epoch
                     send_order[(g.rank, st.peer)].append(st.tag)
         self.epochs = sorted(epochs)
-        conflicts = slot_deps(steps)
+        conflicts = slot_hazards(steps)
         n = len(steps)
         if self.mode == "grouped":
             order = sorted(range(n), key=lambda i: (steps[i].epoch, steps[i].op == "s"))
@@ -168,13 +134,13 @@ class ProgramExecutor:
         # land in its slot directly
         first: dict[tuple[str, int], int] = {}
         for i in order:
-            for ch in _reads(steps[i]) + _writes(steps[i]):
+            for ch in reads(steps[i]) + writes(steps[i]):
                 first.setdefault(ch, i)
         self.recvs: dict[int, _Recv] = {}
         for i, st in enumerate(steps):
             if st.op not in ("r", "rrc"):
                 continue
-            direct = st.op == "r" and all(first.get(ch) == i for ch in _chunks(st.dst, st.cnt))
+            direct = st.op == "r" and all(first.get(ch) == i for ch in writes(st))
             target = self.view(st.dst, st.cnt) if direct else torch.empty(st.cnt * self.elems, dtype=self.bufs["i"].dtype, device=self.device)
             self.recvs[i] = _Recv(i, st.peer, st.tag, target, direct)
         by_tag = {rv.tag: rv for rv in self.recvs.values()}
@@ -240,7 +206,7 @@ class ProgramExecutor:
     def _send_view(self, i: int) -> torch.Tensor:
         """The slot step ``i`` sends, registered as read by a send in flight."""
         st = self.steps[i]
-        for ch in _chunks(st.src, st.cnt):
+        for ch in reads(st):
             self._readers[ch].append(i)
         return self.view(st.src, st.cnt)
 
@@ -252,7 +218,7 @@ class ProgramExecutor:
         self._executed += 1
         for d in self.sends_before[i]:
             self._wait_send(d)
-        for ch in _writes(st):  # never overwrite what a send in flight is reading
+        for ch in writes(st):  # never overwrite what a send in flight is reading
             for d in self._readers.pop(ch, []):
                 self._wait_send(d)
         if st.op == "s":

@@ -26,9 +26,9 @@ import torch
 from flowride.comm.result import EXIT_OK, EXIT_WRONG, RunResult
 from flowride.comm.serialize import check_structure, save_program
 from flowride.errors import InputError
+from flowride.program import Program, lower
 from flowride.ranks import JsonLines, RankGroup
 from flowride.schedule.ir import Schedule
-from flowride.schedule.program import Program, lower
 
 STALE_S = 3.0  # a state file older than this belongs to a rank that stopped running
 

@@ -15,7 +15,7 @@ from typing import Any
 from flowride.collectives.demand import Collective
 from flowride.errors import InputError, InvalidSchedule
 from flowride.files import read_json, write_json_atomic
-from flowride.schedule.program import GpuProgram, Program, Step
+from flowride.program.model import GpuProgram, Program, Step
 
 SCHEMA = "flowride.program/1"
 OPS = ("s", "r", "rrc", "cpy")

@@ -10,8 +10,14 @@ For training jobs:
 - :func:`compare`: train alone and with side tasks, overhead measured paired (what
   ``flowride train --side-tasks`` runs).
 
-For side-task authors: :class:`IterativeTask`, :class:`ImperativeSpec`, :func:`register`
-(see :mod:`flowride.harvest.task`).
+For side-task authors (see :mod:`flowride.harvest.task` and docs/harvest.md): the two forms,
+:class:`IterativeTask` and :class:`ImperativeSpec`; :func:`parse_params` for a task's config;
+and, to make a task available by name, an entry point in the :data:`ENTRY_POINT_GROUP`
+(``flowride.sidetasks``) group of the author's package, or :func:`register` at run time.
+:class:`TaskSpec` is a submission; :func:`known_names` lists the names that resolve.
+
+Nothing here imports :mod:`flowride.sidetasks`, :mod:`flowride.cli` or :mod:`flowride.api`:
+harvest sits below them (the built-in tasks reach it through the entry-point table).
 
 Names are imported on first use, so the side-task host process (``flowride.harvest.runner``)
 does not pay for torch.distributed to start.
@@ -32,6 +38,9 @@ _EXPORTS = {
     "ImperativeSpec": "flowride.harvest.task",
     "TaskSpec": "flowride.harvest.task",
     "register": "flowride.harvest.task",
+    "known_names": "flowride.harvest.task",
+    "parse_params": "flowride.harvest.task",
+    "ENTRY_POINT_GROUP": "flowride.harvest.task",
     "ManagerProcess": "flowride.harvest.supervise",
 }
 

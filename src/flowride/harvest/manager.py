@@ -4,6 +4,10 @@ The manager listens for the trainer's bubble events (UDP on 127.0.0.1, never blo
 keeps every task's state in the durable store, and hosts each side task in its own process
 (:mod:`flowride.harvest.runner`) under its limits (:mod:`flowride.harvest.limits`).
 
+This module decides what runs when; the rule for whether a task fits a bubble is in
+:mod:`flowride.harvest.fitting`, and starting, signalling and reading the task processes is in
+:mod:`flowride.harvest.hosts`.
+
 One scheduler thread owns all state: bubble events, the task hosts' messages, new submissions
 and cancellations all arrive on one queue and are handled in order, so no two decisions race.
 
@@ -29,20 +33,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import queue
 import signal
-import statistics
-import subprocess
 import sys
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from flowride.files import write_json_atomic
+from flowride.harvest.fitting import candidates
+from flowride.harvest.hosts import Live, cuda_devices, start_host
 from flowride.harvest.limits import Limits, mps_daemon_running, stage_cores
 from flowride.harvest.states import TaskState
 from flowride.harvest.store import TaskRecord, TaskStore
@@ -51,56 +53,9 @@ from flowride.pipeline.events import BubbleEvent, BubbleSubscriber
 
 MODES = ("freeride", "naive", "priority")
 PLACEMENTS = ("float", "stage")
-UNPROFILED_STEP_S = 0.02  # step time assumed for a task with no profile until its own steps are seen
 PROBE_STEPS = 3  # an unprofiled CPU task runs this many steps at idle priority to learn its step time
 CHECKPOINT_EVERY_S = 2.0
 STORE_POLL_S = 0.2
-
-
-def fit_time(median_step_s: float, factor: float = 1.2) -> float:
-    """The time a bubble must still have for one more step: median step rounded up to the next
-    millisecond, times ``factor`` (FreeRide's rule)."""
-    return math.ceil(median_step_s * 1000.0 - 1e-9) / 1000.0 * factor
-
-
-def step_fits(remaining_s: float, median_step_s: float, factor: float = 1.2) -> bool:
-    return remaining_s > fit_time(median_step_s, factor)
-
-
-@dataclass
-class Live:
-    """A side task with a process."""
-
-    rec: TaskRecord
-    kind: str  # iterative | imperative
-    home: int | None  # the stage it is bound to (None: it floats between stages)
-    stage: int  # the stage whose core it is on now
-    proc: subprocess.Popen
-    ckpt: Path
-    log: Path
-    profiled_step_s: float | None
-    peak_bytes: int
-    steps: int = 0
-    units: float = 0.0
-    busy_s: float = 0.0
-    overruns: int = 0
-    overrun_s: float = 0.0
-    running: bool = False
-    ready: bool = False
-    finished: bool = False
-    yield_asked: float | None = None
-    bubble_end: float | None = None
-    last_ckpt: float = field(default_factory=time.monotonic)
-    saving: bool = False
-    probing: bool = False
-    step_times: deque = field(default_factory=lambda: deque(maxlen=20))
-
-    def need_s(self, factor: float) -> float:
-        """Time a bubble must still have for one more step: the profiled median step, or the
-        median of the task's own last steps once it has taken a few."""
-        if len(self.step_times) >= 3:
-            return fit_time(statistics.median(self.step_times), factor)
-        return fit_time(self.profiled_step_s or UNPROFILED_STEP_S, factor)
 
 
 @dataclass(frozen=True)
@@ -139,7 +94,7 @@ class Manager:
         self.store = TaskStore.in_run_dir(self.run_dir)
         self.stages, self.mode, self.factor = opts.stages, opts.mode, opts.factor
         # GPUs on this host (NVML count: no CUDA context in the manager)
-        self.gpus = _cuda_devices() if opts.device == "cuda" else 0
+        self.gpus = cuda_devices() if opts.device == "cuda" else 0
         # a task floats in freeride on CPU, or on CUDA when every stage shares one GPU; with
         # several GPUs its state lives on one stage's device and it stays there
         self.floating = opts.placement == "float" and opts.mode == "freeride" and (opts.device == "cpu" or self.gpus <= 1)
@@ -168,13 +123,10 @@ class Manager:
             stage = self.next_stage
             self.next_stage = (stage + 1) % self.stages
         home = None if self.floating else stage
-        ckpt = self.run_dir / "tasks" / f"task{rec.id}.ckpt"
-        log = self.run_dir / "tasks" / f"task{rec.id}.log"
-        steps, units = 0, 0.0
+        steps, units, checkpoint = 0, 0.0, None
         saved = self.store.checkpoint(rec.id)
         if saved is not None:  # resume from the durable checkpoint
-            data, steps, units = saved
-            ckpt.write_bytes(data)
+            checkpoint, steps, units = saved
         cuda = self.opts.device == "cuda"
         limits = Limits(
             memory_mb=rec.memory_limit_mb or self.opts.default_memory_mb,
@@ -184,48 +136,12 @@ class Manager:
             cuda_device=(stage % max(1, self.gpus)) if cuda else None,
             mps_thread_percentage=self.opts.mps_thread_percentage if self.mps else None,
         )
-        env = dict(os.environ)
-        env.update(limits.child_env())
-        src_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = src_root + os.pathsep + env.get("PYTHONPATH", "")
-        with open(log, "w") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "flowride.harvest.runner", kind, rec.name, json.dumps(rec.params), str(ckpt)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-                preexec_fn=limits.apply_in_child,
-            )
-        prof = self.profiles.get(rec.name, {})
-        live = Live(rec, kind, home, stage, proc, ckpt, log, prof.get("median_step_s"),
-                    int(prof.get("peak_memory_bytes", 0)), steps=steps, units=units)
-        threading.Thread(target=self._read_host, args=(live,), daemon=True).start()
+        live = start_host(rec, kind, stage, home, self.run_dir / "tasks", limits, self.profiles.get(rec.name, {}),
+                          checkpoint, steps, units, self.q)
         self.store.transition(rec.id, TaskState.CREATED)
         self.store.progress(rec.id, steps, units, 0.0, 0, stage)
         self.live[rec.id] = live
         return live
-
-    def _read_host(self, live: Live) -> None:
-        assert live.proc.stdout is not None
-        for line in live.proc.stdout:
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            self.q.put(("host", live.rec.id, ev))
-        self.q.put(("exit", live.rec.id, None))
-
-    def _send(self, live: Live, cmd: dict) -> None:
-        try:
-            assert live.proc.stdin is not None
-            live.proc.stdin.write(json.dumps(cmd) + "\n")
-            live.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass
-
-    def _signal(self, live: Live, sig: int) -> None:
-        try:
-            os.kill(live.proc.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def _set_state(self, live: Live, state: TaskState, reason: str | None = None) -> None:
         cur = self.store.get(live.rec.id).state
@@ -242,54 +158,13 @@ class Manager:
         live.running = False
 
     def _fail(self, live: Live, reason: str) -> None:
-        if live.proc.poll() is None:
-            live.proc.kill()
-            live.proc.wait()
+        live.kill()
         self._forget(live)
         self.failures.append({"task": live.rec.id, "name": live.rec.name, "stage": live.stage, "reason": reason})
         self._set_state(live, TaskState.FAILED, reason)
         self._progress(live)
 
-    def _exit_reason(self, live: Live) -> str:
-        lines = [ln for ln in live.log.read_text(errors="replace").splitlines() if ln.strip()] if live.log.exists() else []
-        if any("MemoryError" in ln or "out of memory" in ln.lower() for ln in lines[-5:]):
-            return f"out of memory (limit {live.rec.memory_limit_mb or self.opts.default_memory_mb} MB)"
-        last = lines[-1].strip() if lines else "no output"
-        return f"crashed (exit code {live.proc.returncode}): {last[-300:]}"
-
-    def _move(self, live: Live, stage: int) -> None:
-        """A floating task goes to ``stage``'s core (every thread of its process)."""
-        live.stage = stage
-        if not self.opts.pin:
-            return
-        cores = set(stage_cores(stage))
-        try:
-            tids = os.listdir(f"/proc/{live.proc.pid}/task")
-        except OSError:
-            tids = [str(live.proc.pid)]
-        for tid in tids:
-            try:
-                os.sched_setaffinity(int(tid), cores)
-            except OSError:
-                pass
-
     # ------------------------------------------------------------------ scheduling
-    def _candidates(self, stage: int, ev: BubbleEvent) -> list[Live]:
-        now = time.monotonic()
-        out = []
-        for live in self.live.values():
-            if not live.ready or live.finished or live.running or live.saving or live.probing:
-                continue
-            if live.home is not None and live.home != stage:
-                continue
-            if ev.predicted_end is None or ev.predicted_end - now <= live.need_s(self.factor):
-                continue
-            if live.peak_bytes and live.peak_bytes > ev.free_memory:
-                continue
-            out.append(live)
-        # highest priority first; among equals, the one that has had the least time (fair share)
-        return sorted(out, key=lambda t: (-t.rec.priority, t.busy_s, t.rec.id))
-
     def _fill(self, stage: int) -> None:
         """Inside a bubble and no task running there: start the best one that fits what is left."""
         ev = self.bubble.get(stage)
@@ -297,21 +172,21 @@ class Manager:
             return
         if ev.predicted_end is None or ev.predicted_end <= time.monotonic():
             return
-        cands = self._candidates(stage, ev)
+        cands = candidates(self.live.values(), stage, ev, time.monotonic(), self.factor)
         if cands:
             self._start(cands[0], stage, ev.predicted_end)
 
     def _start(self, live: Live, stage: int, until: float) -> None:
         if live.home is None and live.stage != stage:
-            self._move(live, stage)
+            live.move(stage, self.opts.pin)
         live.running = True
         live.bubble_end = until
         self.running_on[live.stage] = live
         self._set_state(live, TaskState.RUNNING)
         if live.kind == "iterative":
-            self._send(live, {"cmd": "run", "until": until, "need_s": live.need_s(self.factor)})
+            live.send({"cmd": "run", "until": until, "need_s": live.need_s(self.factor)})
         else:
-            self._signal(live, signal.SIGCONT)
+            live.send_signal(signal.SIGCONT)
 
     def _pause(self, live: Live) -> None:
         if not live.running:
@@ -319,9 +194,9 @@ class Manager:
         if live.kind == "iterative":
             if live.yield_asked is None:
                 live.yield_asked = time.monotonic()
-                self._signal(live, signal.SIGUSR1)
+                live.send_signal(signal.SIGUSR1)
         else:
-            self._signal(live, signal.SIGSTOP)
+            live.send_signal(signal.SIGSTOP)
             live.running = False
             if self.running_on.get(live.stage) is live:
                 del self.running_on[live.stage]
@@ -331,7 +206,7 @@ class Manager:
         kind = ev["ev"]
         if kind == "ready":
             if live.kind == "imperative" and self.mode == "freeride":
-                self._signal(live, signal.SIGSTOP)  # it waits for its first bubble
+                live.send_signal(signal.SIGSTOP)  # it waits for its first bubble
             live.ready = True
             live.finished = bool(ev["finished"])
             self._set_state(live, TaskState.PAUSED)
@@ -342,7 +217,7 @@ class Manager:
                 # no profile: learn the step time from a few steps at idle priority (on CPU the
                 # host only gets a core the stage leaves idle) instead of guessing
                 live.probing = True
-                self._send(live, {"cmd": "run", "until": time.monotonic() + 3600, "need_s": 0.0, "max_steps": PROBE_STEPS})
+                live.send({"cmd": "run", "until": time.monotonic() + 3600, "need_s": 0.0, "max_steps": PROBE_STEPS})
         elif kind == "step":
             live.steps += 1
             live.units += float(ev["units"])
@@ -381,12 +256,7 @@ class Manager:
 
     def _stop_host(self, live: Live) -> None:
         """Ask an iterative host to save and exit (killed if it will not), then keep its state."""
-        self._send(live, {"cmd": "stop"})
-        try:
-            live.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            live.proc.kill()
-            live.proc.wait()
+        live.stop()
         self._store_checkpoint(live)
 
     def _finish(self, live: Live) -> None:
@@ -403,7 +273,7 @@ class Manager:
             self._set_state(live, TaskState.FINISHED)
             self._progress(live)
         elif live.rec.id in self.live and not self.stop.is_set():
-            self._fail(live, self._exit_reason(live))
+            self._fail(live, live.exit_reason(self.opts.default_memory_mb))
 
     def _read_imperative_progress(self, live: Live) -> None:
         if live.ckpt.exists():
@@ -443,7 +313,7 @@ class Manager:
             if not t.running and t.ready and not t.saving and not t.finished and not t.probing:
                 if due:  # checkpoint while paused (the host runs at idle priority)
                     t.saving = True
-                    self._send(t, {"cmd": "checkpoint"})
+                    t.send({"cmd": "checkpoint"})
                 elif self.mode != "freeride" and self.harvesting and t.stage not in self.running_on:
                     self._start(t, t.stage, float("inf"))
             elif t.running and due and self.mode != "freeride":
@@ -459,8 +329,7 @@ class Manager:
                     self.store.transition(rec.id, TaskState.FAILED, f"could not start: {e}")
             elif rec.cancel_requested and rec.id in self.live:
                 live = self.live[rec.id]
-                live.proc.kill()
-                live.proc.wait()
+                live.kill()
                 self._forget(live)
                 self._set_state(live, TaskState.STOPPED, "cancelled by the user")
 
@@ -518,15 +387,10 @@ class Manager:
         for live in list(self.live.values()):
             if live.kind == "iterative" and live.proc.poll() is None:
                 if live.running:  # finish the step in progress, then read the stop command
-                    self._signal(live, signal.SIGUSR1)
+                    live.send_signal(signal.SIGUSR1)
                 self._stop_host(live)
             elif live.proc.poll() is None:
-                self._signal(live, signal.SIGCONT)
-                live.proc.terminate()
-                try:
-                    live.proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    live.proc.kill()
+                live.terminate()
                 self._read_imperative_progress(live)
             self._progress(live)
             state = self.store.get(live.rec.id).state
@@ -549,15 +413,6 @@ class Manager:
         (self.run_dir / "manager.pid").unlink(missing_ok=True)
         self.sub.close()
         self.store.close()
-
-
-def _cuda_devices() -> int:
-    try:
-        import torch
-
-        return int(torch.cuda.device_count())
-    except Exception:  # no usable CUDA: the task processes will say so themselves
-        return 0
 
 
 def read_steps(run_dir: str | Path) -> list[dict]:

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from flowride.errors import InputError
-from flowride.files import write_json_atomic
+from flowride.files import read_json, write_json_atomic
 from flowride.harvest.cost import harvest_efficiency, savings
 from flowride.harvest.manager import ManagerOptions
 from flowride.harvest.profile import profile_task
@@ -245,6 +245,22 @@ class Comparison:
     result: TrainResult  # the harvesting run
     record: dict  # the manager's record
     report: dict  # the harvesting run's report with the harvest fields
+
+
+BASELINE_KEYS = ("iteration_times_s", "iteration_time_s", "losses", "bubble_seconds_total")
+
+
+def read_baseline_report(path: str | Path, field: str = "baseline_report") -> dict:
+    """A report of training alone (``flowride train`` without side tasks), to compare against
+    instead of training the baseline again; ``field`` names where the path came from in errors."""
+    fix = "give a report written by flowride train"
+    rep = read_json(path, field, fix)
+    if not isinstance(rep, dict):
+        raise InputError(field, f"holds a JSON {type(rep).__name__}, not a report", fix)
+    for key in BASELINE_KEYS:
+        if key not in rep:
+            raise InputError(field, f"has no {key!r}", fix)
+    return rep
 
 
 def compare(cfg: TrainConfig, mode: str, tasks: list[str], *, paired_block: int = 2, baseline: bool = True,

@@ -109,6 +109,7 @@ class TaskStore:
     def in_run_dir(cls, run_dir: str | Path) -> TaskStore:
         return cls(Path(run_dir) / "tasks.sqlite")
 
+
     def close(self) -> None:
         self.db.close()
 
@@ -191,3 +192,13 @@ class TaskStore:
     def checkpoint(self, task_id: int) -> tuple[bytes, int, float] | None:
         row = self.db.execute("SELECT data, steps, units FROM checkpoints WHERE task_id=?", (task_id,)).fetchone()
         return None if row is None else (bytes(row["data"]), int(row["steps"]), float(row["units"]))
+
+
+def existing_run_dir(run_dir: str | Path, field: str = "run_dir") -> Path:
+    """``run_dir`` if it already exists: a store nobody reads is refused rather than created
+    (``field`` names where the directory came from in errors)."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        raise InputError(field, f"{d} does not exist" if not d.exists() else f"{d} is not a directory",
+                         "give the run directory of a training run (flowride train --run-dir), or create it first")
+    return d

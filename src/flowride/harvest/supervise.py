@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from flowride.errors import InputError
 from flowride.files import write_json_atomic
 from flowride.harvest.manager import ManagerOptions
 from flowride.ranks import set_parent_death_signal
@@ -183,6 +184,14 @@ class ManagerProcess:
     def _watch_loop(self) -> None:
         while not self._stopping.wait(self.poll_s):
             self.check()
+
+
+def check_manager_dir(run_dir: str | Path, field: str = "run_dir") -> Path:
+    """``run_dir`` if a side-task manager was started there (its options file is there)."""
+    d = Path(run_dir)
+    if not (d / OPTIONS_FILE).exists():
+        raise InputError(field, f"{d} holds no side-task manager (no {OPTIONS_FILE})", "give the run directory of a harvesting run")
+    return d
 
 
 def manager_status(run_dir: str | Path) -> dict:

@@ -4,7 +4,11 @@ Iterative tasks expose one step at a time, so the runtime can start a step only 
 bubble (remaining time > profiled step time x 1.2). Imperative tasks are free-form processes,
 paused with SIGSTOP and resumed with SIGCONT; SIGTERM asks them to save their state and exit.
 
-Built-in tasks live in :mod:`flowride.sidetasks` and use nothing but this module.
+Tasks are found by name in the ``flowride.sidetasks`` entry-point group (flowride's built-ins
+are declared there in pyproject.toml, and any installed package can add its own), among the
+names given to :func:`register` at run time, or as ``package.module:Class``. The entry points
+are read on the first lookup, and only the task looked up is imported, so this module depends on
+no task: the built-in ones (:mod:`flowride.sidetasks` and its table) use nothing but this module.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from flowride.errors import InputError
@@ -78,28 +83,77 @@ class TaskSpec:
     memory_limit_mb: int | None = None  # refuse / kill above this (RLIMIT_AS on CPU)
 
 
-_REGISTRY: dict[str, Callable[..., IterativeTask] | ImperativeSpec] = {}
+ENTRY_POINT_GROUP = "flowride.sidetasks"
+REINSTALL = "reinstall flowride (pip install -e .)"
+
+Factory = Callable[..., IterativeTask] | ImperativeSpec
+
+_REGISTRY: dict[str, Factory] = {}  # registered at run time: these win over entry points
+_ENTRY_POINTS: dict[str, EntryPoint] | None = None  # the entry-point table, read on first lookup
 
 
-def register(name: str, factory: Callable[..., IterativeTask] | ImperativeSpec) -> None:
-    """Make a task available by name (built-ins register themselves on import)."""
+def register(name: str, factory: Factory) -> None:
+    """Make a task available by name, at run time. Installed tasks (flowride's built-ins and
+    other packages') are declared as entry points instead, in the ``flowride.sidetasks`` group;
+    a name registered here takes precedence over an entry point of the same name."""
     _REGISTRY[name] = factory
 
 
-def registered() -> dict[str, Callable[..., IterativeTask] | ImperativeSpec]:
-    import flowride.sidetasks  # noqa: F401  (registers the built-ins)
+def _entry_points() -> dict[str, EntryPoint]:
+    """The ``flowride.sidetasks`` entry points by name, read once per process (on the first
+    lookup, never at import). Where two installed packages declare one name, the first found on
+    ``sys.path`` wins, as for modules."""
+    global _ENTRY_POINTS
+    if _ENTRY_POINTS is None:
+        table: dict[str, EntryPoint] = {}
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            table.setdefault(ep.name, ep)
+        _ENTRY_POINTS = table
+    return _ENTRY_POINTS
 
-    return dict(_REGISTRY)
+
+def _load(ep: EntryPoint) -> Factory:
+    """The task an entry point names, or an InputError saying which entry point is broken (a
+    checkout whose installed entry points no longer match its code)."""
+    where = f"entry point {ep.name} = {ep.value} in group {ENTRY_POINT_GROUP}"
+    dist = ep.dist.name if ep.dist is not None else "flowride"
+    fix = REINSTALL if dist == "flowride" else f"reinstall {dist}, the package that declares it"
+    try:
+        obj = ep.load()
+    except (ImportError, AttributeError) as e:
+        raise InputError("task", f"cannot load side task {ep.name!r} ({where}): {e}", fix) from None
+    if isinstance(obj, ImperativeSpec) or (isinstance(obj, type) and issubclass(obj, IterativeTask)):
+        return obj
+    raise InputError("task", f"side task {ep.name!r} ({where}) is neither an IterativeTask nor an ImperativeSpec", fix)
 
 
-def resolve(name: str) -> Callable[..., IterativeTask] | ImperativeSpec:
-    """A registered task, or ``package.module:Attribute`` naming an IterativeTask subclass or an
-    ImperativeSpec (how users bring their own tasks)."""
-    from flowride.errors import InputError
+def known_names() -> list[str]:
+    """Every task name that resolves, sorted: installed entry points and run-time registrations
+    (nothing is imported)."""
+    return sorted(set(_entry_points()) | set(_REGISTRY))
 
-    reg = registered()
-    if name in reg:
-        return reg[name]
+
+def registered() -> dict[str, Factory]:
+    """Every named task, loaded: installed entry points, then run-time registrations over them."""
+    out = {name: _load(ep) for name, ep in _entry_points().items()}
+    out.update(_REGISTRY)
+    return out
+
+
+def _lookup(name: str) -> Factory | None:
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    ep = _entry_points().get(name)
+    return _load(ep) if ep is not None else None
+
+
+def resolve(name: str) -> Factory:
+    """A named task (registered at run time or installed as an entry point: only that one is
+    imported), or ``package.module:Attribute`` naming an IterativeTask subclass or an
+    ImperativeSpec (how users bring their own tasks without installing them)."""
+    found = _lookup(name)
+    if found is not None:
+        return found
     if ":" in name:
         import importlib
 
@@ -111,7 +165,11 @@ def resolve(name: str) -> Callable[..., IterativeTask] | ImperativeSpec:
         if isinstance(obj, ImperativeSpec) or (isinstance(obj, type) and issubclass(obj, IterativeTask)):
             return obj
         raise InputError("task", f"{name!r} is neither an IterativeTask nor an ImperativeSpec", "see flowride.harvest.task")
-    raise InputError("task", f"unknown side task {name!r}", f"choose one of {', '.join(sorted(reg))} or module:Class")
+    names = known_names()
+    fix = f"choose one of {', '.join(names)} or module:Class" if names else "give module:Class"
+    if not _entry_points():  # not even the built-ins: the installed metadata predates them
+        fix += f"; no side task is installed under entry-point group {ENTRY_POINT_GROUP}: {REINSTALL}"
+    raise InputError("task", f"unknown side task {name!r}", fix)
 
 
 def make_task(name: str, params: dict[str, Any] | None = None) -> IterativeTask | ImperativeSpec:

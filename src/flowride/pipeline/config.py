@@ -12,6 +12,14 @@ from flowride.errors import InputError
 from flowride.pipeline.torch_compat import SCHEDULE_CLASSES as TORCH_SCHEDULES
 
 ENGINES = ("builtin", "torch")
+# schedules that hold several model chunks per rank (both engines' names)
+MULTI_CHUNK_SCHEDULES = frozenset({"interleaved", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev"})
+
+
+def default_chunks(schedule: str) -> int:
+    """Model chunks per stage when none are asked for: 2 for the schedules that hold several
+    per rank, else 1."""
+    return 2 if str(schedule).lower() in MULTI_CHUNK_SCHEDULES else 1
 
 
 @dataclass

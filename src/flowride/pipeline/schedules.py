@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from flowride.errors import InputError
+from flowride.sizes import MAX_GRID_CELLS
 
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbh1")
 """Schedule names :func:`build_schedule` accepts."""
@@ -481,6 +482,15 @@ def bubbles(rep: Replay, min_length: float = 0.0) -> list[Bubble]:
 
 # ----------------------------------------------------------------------------------------------
 # Drawing
+
+
+def check_grid_size(p: int, m: int, v: int = 1) -> None:
+    """Refuse a grid too large to print as text (before the schedule is built): about
+    p x m x v x 3 cells (forward, backward and weight per micro-batch and chunk)."""
+    cells = p * m * v * 3
+    if cells > MAX_GRID_CELLS:
+        raise InputError("microbatches", f"{p} stages x {m} micro-batches x {v} chunk(s) make about "
+                         f"{cells:,} cells, over the {MAX_GRID_CELLS:,} a text grid can show", "use fewer stages or micro-batches")
 
 
 def render_grid(instrs: list[list[Instr]], p: int, m: int, v: int = 1) -> str:

@@ -1,7 +1,11 @@
-"""Schedules: the IR, an independent simulator/verifier, and metrics."""
+"""Schedules: the IR, an independent simulator/verifier, pruning, timelines and metrics.
+
+This floor imports nothing above it (no synth/, no program/): the searches build schedules, this
+floor judges them.
+"""
 
 from flowride.schedule.ir import Schedule, Send, load_schedule
-from flowride.schedule.metrics import Bounds, algbw_GBps, lower_bounds
+from flowride.schedule.metrics import algbw_GBps
 from flowride.schedule.simulate import SimResult, simulate
 
-__all__ = ["Bounds", "Schedule", "Send", "SimResult", "algbw_GBps", "load_schedule", "lower_bounds", "simulate"]
+__all__ = ["Schedule", "SimResult", "Send", "algbw_GBps", "load_schedule", "simulate"]

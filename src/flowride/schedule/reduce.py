@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from flowride.collectives.demand import Collective
 from flowride.errors import InputError
 from flowride.schedule.ir import Schedule, Send
+from flowride.schedule.links import LinkBook
 from flowride.schedule.prune import prune_redundant
 from flowride.schedule.simulate import simulate
-from flowride.synth.greedy import LinkBook
 from flowride.topology.model import Topology
 from flowride.topology.timing import epoch_timing
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from flowride.files import write_json_atomic
-from flowride.harvest.task import IterativeTask, parse_params
+from flowride.harvest.task import ImperativeSpec, IterativeTask, parse_params
 
 _CHECKPOINT_VERSION = 1
 _MODES = ("nearest", "bilinear", "bicubic", "area")
@@ -266,3 +266,7 @@ def image_proc_main(params: dict[str, Any], checkpoint_path: str) -> None:
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+# the ``image-proc`` entry point (pyproject.toml): an ImperativeSpec is an object, not a class
+IMAGE_PROC = ImperativeSpec("image-proc", image_proc_main, unit="images")

@@ -1,4 +1,5 @@
-"""How big a MILP probe would be, before it is built: the memory guard and the auto method's size rule.
+"""How big a model would be, before it is built: the memory guard, the auto method's size rule,
+and the refusal of work that cannot end within the time limit (:func:`check_work`).
 
 The count mirrors :func:`flowride.synth.milp.build_index` (a send column per commodity, link and
 epoch between the chunk's earliest arrival at the link's tail and the last epoch it can still reach
@@ -12,11 +13,13 @@ and a fixed base for the interpreter, torch-free imports and HiGHS.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from flowride.collectives.demand import Demand
+from flowride.errors import InputError
 from flowride.synth.reach import dist_to_need
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming
@@ -91,3 +94,39 @@ def lp_size(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: np.n
 def static_lp_bytes(topo: Topology) -> int:
     """Memory the static LP of the uniform AlltoAll needs: a flow column per (source GPU, link)."""
     return BASE_BYTES + STATIC_BYTES_PER_COLUMN * len(topo.gpus) * len(topo.links)
+
+
+UNTIMED_MAX_DELIVERIES = 500_000  # more, without a time limit, is refused (the search would have no end in sight)
+
+
+MAX_BETA_EPOCHS = 10_000  # a chunk over more epochs than this: the epoch is far too short
+
+
+OVERRUN_SECONDS = 5.0  # what a solve may take beyond --time-limit to finish and verify its best
+
+
+SECONDS_PER_SEND = 20e-6  # building and verifying the baseline, per send (measured: 8-16 us here)
+
+
+def check_work(topo: Topology, demand: Demand, timing, time_limit: float | None) -> None:
+    """Refuse, before anything is built, work that cannot end within ``time_limit``: an epoch so
+    short that one chunk spans more than MAX_BETA_EPOCHS of them (every model and check grows
+    with it), or so many sends that even the baseline schedule cannot be built and verified in
+    time (a ring or direct schedule is what every method falls back on)."""
+    b = int(timing.beta_epochs.max()) if len(timing.beta_epochs) else 0
+    if b > MAX_BETA_EPOCHS:
+        longest = float(timing.tau) * b / MAX_BETA_EPOCHS
+        raise InputError("epoch", f"{timing.tau:.3g} s makes one chunk span {b:,} epochs (at most {MAX_BETA_EPOCHS:,})",
+                         f"use --epoch fast or slow, or an epoch of at least {longest:.3g} s")
+    hops = 1.0 if demand.collective.multicast else max(1.0, math.sqrt(len(topo.gpus)) / 2)  # direct routes cross hops
+    sends = demand.num_deliveries * hops
+    est = sends * SECONDS_PER_SEND
+    if time_limit is None and demand.num_deliveries > UNTIMED_MAX_DELIVERIES:
+        raise InputError("time_limit", f"is needed for {demand.num_deliveries:,} deliveries ({demand.chunks:,} chunk(s) per block; "
+                         f"the baseline alone takes about {est:.0f} s here): without a limit the search is unbounded "
+                         f"(refused above {UNTIMED_MAX_DELIVERIES:,} deliveries)",
+                         f"give --time-limit, e.g. {max(600, math.ceil(est * 4))}, or use fewer --chunks")
+    if time_limit is not None and est > time_limit + OVERRUN_SECONDS:
+        raise InputError("time_limit", f"{demand.num_deliveries:,} deliveries ({demand.chunks:,} chunks per block): even the "
+                         f"baseline schedule takes about {est:.0f} s to build and verify here, over {time_limit:g} s",
+                         f"give --time-limit {math.ceil(est * 2)} or more, or fewer --chunks")

@@ -14,73 +14,11 @@ import numpy as np
 from scipy.sparse.csgraph import dijkstra
 
 from flowride.collectives.demand import Collective, Demand
+from flowride.schedule.links import LinkBook
 from flowride.synth.reach import delay_graph
+from flowride.synth.result import Send
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming
-
-Send = tuple[int, int, int, int]  # (epoch, link, source GPU, chunk)
-
-
-class LinkBook:
-    """Chunks started per (link, epoch), checked against every b+1 window. One growing numpy row
-    per link: the list schedulers ask ``fits`` millions of times on 512-GPU instances, and
-    ``next_open`` lets a search jump over epochs a link has full (a full epoch is in every window
-    around it, so nothing starts there)."""
-
-    def __init__(self, timing: EpochTiming) -> None:
-        self.timing = timing
-        self._b = timing.beta_epochs.astype(np.int64)
-        self._cap = timing.window_cap.astype(np.int64)
-        self._rows: dict[int, np.ndarray] = {}
-        self._open: dict[int, int] = {}  # per link: every epoch below this one is full
-
-    def count(self, link: int, k: int) -> int:
-        row = self._rows.get(link)
-        return int(row[k]) if row is not None and 0 <= k < len(row) else 0
-
-    def fits(self, link: int, k: int) -> bool:
-        cap = int(self._cap[link])
-        row = self._rows.get(link)
-        if row is None:
-            return cap >= 1
-        b = int(self._b[link])
-        if b == 0:
-            return (int(row[k]) if k < len(row) else 0) < cap
-        lo, hi = max(0, k - b), min(len(row), k + b + 1)
-        w = np.zeros(2 * b + 1, dtype=np.int64)  # epochs k-b .. k+b
-        if hi > lo:
-            w[lo - (k - b): hi - (k - b)] = row[lo:hi]
-        c = np.concatenate(([0], np.cumsum(w)))
-        return int((c[b + 1:] - c[: -b - 1]).max()) + 1 <= cap  # every window start k-b .. k
-
-    def next_open(self, link: int, k: int) -> int:
-        """The first epoch >= k the link does not have full (no start fits before it)."""
-        row = self._rows.get(link)
-        k = max(k, self._open.get(link, 0))
-        if row is None or k >= len(row):
-            return k
-        free = np.flatnonzero(row[k:] < self._cap[link])
-        return k + int(free[0]) if free.size else len(row)
-
-    def take(self, link: int, k: int) -> None:
-        row = self._rows.get(link)
-        if row is None or k >= len(row):
-            grown = np.zeros(max(64, 2 * (k + 1)), dtype=np.int32)
-            if row is not None:
-                grown[: len(row)] = row
-            self._rows[link] = row = grown
-        row[k] += 1
-        o = self._open.get(link, 0)
-        if k == o and row[k] >= self._cap[link]:  # lists fill links mostly in epoch order
-            cap = self._cap[link]
-            while o < len(row) and row[o] >= cap:
-                o += 1
-            self._open[link] = o
-
-    def release(self, link: int, k: int) -> None:
-        self._rows[link][k] -= 1
-        if k < self._open.get(link, 0):
-            self._open[link] = k
 
 
 def _routes(topo: Topology, timing: EpochTiming) -> np.ndarray:

@@ -8,216 +8,19 @@ the answer proven infeasible) the epoch count is proven minimal for this epoch l
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from flowride.collectives.demand import Collective, Demand
-from flowride.errors import InputError
+from flowride.collectives.demand import Demand
 from flowride.synth.highs import SolveOptions, solve
-from flowride.synth.milp import Infeasible, build_model, sends_from_solution
+from flowride.synth.milp import build_model, restrict_to_sources, sends_from_solution
 from flowride.synth.reach import epoch_distances
+from flowride.synth.result import Probe, Progress, SearchResult
+from flowride.synth.rows import Infeasible
+from flowride.synth.symmetry import expand_sends
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming
-
-Progress = Callable[[dict], None]
-
-
-def _arrivals_between(timing: EpochTiming, link: int, A: int, T: int) -> int:
-    """Most chunks that can arrive over ``link`` with arrival epoch in [A, T]."""
-    return int(_arrivals(timing, np.array([link]), np.array([A]), np.array([T]))[0])
-
-
-def _arrivals(timing: EpochTiming, links: np.ndarray, A: np.ndarray, T: np.ndarray) -> np.ndarray:
-    """Most chunks that can arrive over all of ``links`` together with arrival epoch in [A, T],
-    for each (A, T) pair: each link starts chunks from epoch ``first`` on (1 behind a switch: it
-    forwards only what arrived), at most window_cap per b + 1 epochs, and delivers d later."""
-    first = timing.src_is_switch[links].astype(np.int64)[None, :]
-    d = timing.hop_delay[links].astype(np.int64)[None, :]
-    b = timing.beta_epochs[links].astype(np.int64)[None, :]
-    cap = timing.window_cap[links].astype(np.int64)[None, :]
-    n = T[:, None] - d - np.maximum(A[:, None] - d, first) + 1
-    per = -(-np.maximum(n, 0) // (b + 1)) * cap
-    return per.sum(axis=1)
-
-
-def _last_entry_epoch(links: list[int], releases: np.ndarray, timing: EpochTiming) -> int:
-    """Earliest epoch by which all chunks with the given earliest arrivals can have crossed
-    ``links``: for every threshold A, the chunks that cannot arrive before A must fit the
-    arrival slots in [A, T]. Vectorized over thresholds, binary search on T (arrivals grow with T)."""
-    releases = np.asarray(releases, dtype=np.int64)
-    if releases.size == 0:
-        return 0
-    lk = np.asarray(links, dtype=np.int64)
-    A, counts = np.unique(releases, return_counts=True)
-    later = counts[::-1].cumsum()[::-1]  # chunks released at A or after
-    T0 = int(A[-1])
-    capsum = int(timing.window_cap[lk].sum())
-    span = int(timing.hop_delay[lk].max()) + 1 + int(timing.beta_epochs[lk].max() + 1) * (-(-int(later[0]) // max(capsum, 1)) + 1)
-    lo = np.full(A.shape, T0, dtype=np.int64)  # smallest T that may do, per threshold
-    hi = np.full(A.shape, T0 + span, dtype=np.int64)  # a T that does (shown in the docstring's count)
-    while (lo < hi).any():
-        mid = (lo + hi) // 2
-        ok = _arrivals(timing, lk, A, mid) >= later
-        hi = np.where(ok, mid, hi)
-        lo = np.where(ok, lo, mid + 1)
-    return int(hi.max())
-
-
-class _Needs:
-    """The demand as arrays, built once per bound: each commodity's source and its destinations
-    (a sparse commodity x node incidence), so a cut's entering chunks are a few numpy ops."""
-
-    def __init__(self, topo: Topology, demand: Demand):
-        from scipy import sparse
-
-        self.source = np.array([q.source for q in demand.commodities], dtype=np.int64)
-        lens = np.array([len(q.dests) for q in demand.commodities], dtype=np.int64)
-        cols = np.fromiter((d for q in demand.commodities for d in q.dests), dtype=np.int64, count=int(lens.sum()))
-        rows = np.repeat(np.arange(len(lens)), lens)
-        self.M = sparse.csc_matrix((np.ones(len(cols), dtype=np.int64), (rows, cols)), shape=(len(lens), topo.num_nodes))
-
-
-def cut_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray, inside: set[int],
-              needs: _Needs | None = None) -> int:
-    """Epochs needed to bring every chunk that must enter ``inside`` across its boundary, plus the
-    epochs the last one then needs to reach every GPU inside that wants it (from the entry point
-    nearest to each)."""
-    into = [i for i, lk in enumerate(topo.links) if lk.dst in inside and lk.src not in inside]
-    if not into:
-        return 0
-    nd = needs or _Needs(topo, demand)
-    tails = np.array([topo.links[i].src for i in into])
-    heads = sorted({topo.links[i].dst for i in into})
-    ins = np.array(sorted(inside), dtype=np.int64)
-    MI = nd.M[:, ins]  # commodity x inside node
-    per_q = np.asarray(MI.sum(axis=1)).ravel()
-    outside = ~np.isin(nd.source, ins)
-    q = np.flatnonzero(outside & (per_q > 0))
-    if q.size == 0:
-        return 0
-    rho = (D[:, tails] + timing.hop_delay[into][None, :]).min(axis=1)[nd.source[q]].astype(np.int64)
-    # after its first entry a chunk still has to reach every destination inside, from the
-    # nearest entry point (copies may cross several boundary links)
-    E = D[np.ix_(heads, ins)].min(axis=0).astype(np.int64)  # per inside node
-    sub = MI[q].tocsr()
-    rows = np.repeat(np.arange(len(q)), np.diff(sub.indptr))
-    dist = E[sub.indices]
-    if demand.collective is Collective.ALLGATHER:
-        releases = rho  # one copy must enter; more may, through other links
-        need = np.full(len(q), np.iinfo(np.int64).min)
-        np.maximum.at(need, rows, dist)
-    else:
-        releases = np.repeat(rho, per_q[q])
-        need = np.full(len(q), np.iinfo(np.int64).max)
-        np.minimum.at(need, rows, dist)
-    return _last_entry_epoch(into, releases, timing) + int(need.min())
-
-
-def epoch_lower_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray | None = None,
-                      time_limit: float | None = None) -> dict[str, int]:
-    """Sound lower bounds on the epochs any schedule needs, by kind: the latency of the farthest
-    delivery, each GPU's ingress, each chassis cut (with the spread inside after the cut), and
-    the fluid floor over every cut (forest or flow). ``time_limit`` caps the static LP of the flow
-    bound (see :func:`flowride.synth.lp_static.concurrent_flow`)."""
-    if D is None:
-        D = epoch_distances(topo, timing)
-    needs = _Needs(topo, demand)
-    coo = needs.M.tocoo()
-    lat = int(D[needs.source[coo.row], coo.col].max())
-    ingress = max(cut_bound(topo, demand, timing, D, {int(g)}, needs) for g in np.flatnonzero(needs.M.getnnz(axis=0)))
-    cut = max((cut_bound(topo, demand, timing, D, set(inside), needs) for inside in topo.cut_sets()), default=0)
-    out = {"latency": lat, "ingress": ingress, "cut": cut}
-    if not topo.teccl_compat and not demand.collective.reduces:
-        # ForestColl's cut over every node set (AllGather), the maximum concurrent flow (AlltoAll).
-        # A send must arrive by T, so a link starts chunks in at most T - a + 1 epochs, at most
-        # window_cap per b + 1 of them: it carries at most (T + 1) * cap chunks, and (T + 1) * tau
-        # is at least the fluid floor. (The TE-CCL compat model lets switch -> GPU hops skip beta,
-        # which breaks that count: no such bound there.)
-        block = demand.chunk_bytes * demand.chunks
-        if demand.collective.multicast:
-            from flowride.synth.trees import forest_bound
-
-            kind, fluid = "forest", forest_bound(topo, time_limit=time_limit).seconds(block)
-        else:
-            from flowride.synth.lp_static import flow_bound_s
-
-            kind, fluid = "flow", flow_bound_s(topo, block, time_limit)
-        out[kind] = max(0, int(math.ceil(fluid / timing.tau - 1e-6)) - 1)
-    return out
-
-
-@dataclass
-class Probe:
-    T: int
-    outcome: str  # feasible | infeasible | timeout
-    seconds: float
-    columns: int
-    rows: int
-
-
-@dataclass
-class SearchResult:
-    sends: list[tuple[int, int, int, int]] | None  # None: nothing better than the upper-bound schedule
-    T: int  # horizon of the best schedule found (its real finish may be earlier)
-    lower: int  # every horizon below this is proven (or bounded) infeasible
-    timed_out: bool
-    probes: list[Probe] = field(default_factory=list)
-    gave_up: bool = False  # the solver stopped on a probe for another reason than time
-    solver_seconds: float = 0.0
-
-    @property
-    def proven_minimal(self) -> bool:
-        return not self.timed_out and not self.gave_up and self.lower >= self.T
-
-
-@dataclass(frozen=True)
-class Speedups:
-    """What the minimum-makespan MILP search uses beyond plain bisection. Each is measured on
-    its own in ``benchmarks/teccl_compare.py --ablation`` (docs/benchmarks.md); the defaults keep
-    what helped there.
-
-    - ``incumbent``: the packed trees (AllGather) cap the search before any probe (else the
-      ring or direct baseline does);
-    - ``bounds``: the search starts at the tight epoch bounds (ingress, chassis cuts, forest or
-      flow); off: at the latency bound;
-    - ``warm_start``: coarse to fine: the schedules found at the slow preset's epochs and one
-      length between (:func:`flowride.api.coarse_to_fine`), retimed to the requested epochs
-      (:func:`flowride.synth.greedy.retime`), cap every method's search; so the fast preset never
-      ends later than the slow one (up to latency the slow preset rounds to zero);
-    - ``symmetry``: each probe first tries the model of the orbit representatives only
-      (:mod:`flowride.synth.symmetry`); only infeasibility needs the full model;
-    - ``parallel``: two probes at once, one solver thread each (highspy releases the GIL).
-    """
-
-    incumbent: bool = True
-    bounds: bool = True
-    warm_start: bool = True
-    symmetry: bool = True
-    parallel: bool = False
-
-
-DEFAULT_SPEEDUPS = Speedups()
-SPEEDUP_NAMES = ("incumbent", "bounds", "warm_start", "symmetry", "parallel")
-
-
-def parse_speedups(text: str) -> Speedups:
-    """``default``, ``none``, ``all``, or a comma list of the speed-ups to use (only those)."""
-    key = str(text).strip().lower().replace("-", "_")
-    if key == "default":
-        return DEFAULT_SPEEDUPS
-    if key in ("none", "all"):
-        return Speedups(**{n: key == "all" for n in SPEEDUP_NAMES})
-    names = [n.strip() for n in key.split(",") if n.strip()]
-    bad = [n for n in names if n not in SPEEDUP_NAMES]
-    if bad or not names:
-        raise InputError("speedups", f"{text!r} names no speed-up" if not names else f"unknown speed-up {bad[0]!r}",
-                         f"use default, none, all, or a comma list of {', '.join(SPEEDUP_NAMES)}")
-    return Speedups(**{n: n in names for n in SPEEDUP_NAMES})
-
 
 SYMMETRIC_PROBE_SECONDS = 10.0  # the symmetric model is a heuristic: never let it eat the search
 
@@ -225,9 +28,6 @@ SYMMETRIC_PROBE_SECONDS = 10.0  # the symmetric model is a heuristic: never let 
 def _probe(topo, demand, timing, T, D, remaining, mip_gap, threads, sym) -> tuple[str, list | None, list[Probe], float]:
     """One horizon: (feasible | infeasible | timeout | solver ..., sends, probes, solver seconds).
     With ``sym`` the symmetric model goes first; its infeasibility proves nothing."""
-    from flowride.synth.milp import restrict_to_sources
-    from flowride.synth.symmetry import expand_sends
-
     probes: list[Probe] = []
     secs = 0.0
     t0 = time.perf_counter()

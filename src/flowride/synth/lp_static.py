@@ -17,9 +17,9 @@ theta is a sound floor for any AlltoAll schedule (the multi-commodity analogue o
 cut bound, and at least every cut bound): averaged over its finish time, any schedule is a
 concurrent flow, which needs at least theta per GB. Flows and theta scale with the bytes per
 pair, so one solve per topology (:func:`concurrent_flow`, cached) gives the bound of every size
-(:mod:`flowride.schedule.metrics`) and the paths of the method: the flow is split into paths per
+(:mod:`flowride.synth.bounds`) and the paths of the method: the flow is split into paths per
 (source, destination) (:func:`decompose_static`) and list-scheduled at the caller's epochs by
-:func:`flowride.synth.lp.schedule_paths`, in rounds of increasing ring offset (as the direct
+:func:`flowride.synth.flow.schedule_paths`, in rounds of increasing ring offset (as the direct
 AlltoAll) so every link is fed from the start.
 """
 
@@ -32,8 +32,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from flowride.collectives.demand import Demand
+from flowride.synth.flow import FLOW_EPS, FlowPath, unicast_needs
 from flowride.synth.highs import MipModel, SolveOptions, solve
-from flowride.synth.lp import FLOW_EPS, FlowPath, unicast_needs
 from flowride.topology.model import Topology
 
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import numpy as np
-import scipy.sparse as sp
 
 from flowride.collectives.demand import Demand
 from flowride.synth.highs import MipModel
 from flowride.synth.reach import dist_to_need, epoch_distances
+from flowride.synth.rows import Infeasible, Rows
 from flowride.synth.symmetry import SourceSymmetry
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming
@@ -71,27 +71,6 @@ class FlowIndex:
         return self.nf + self.nh + self.np_
 
 
-class _Rows:
-    """Accumulates constraint rows as COO triplets, family by family."""
-
-    def __init__(self) -> None:
-        self.r: list[np.ndarray] = []
-        self.c: list[np.ndarray] = []
-        self.v: list[np.ndarray] = []
-        self.lo: list[np.ndarray] = []
-        self.hi: list[np.ndarray] = []
-        self.n = 0
-        self.families: dict[str, tuple[int, int]] = {}
-
-    def add(self, name: str, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
-        start = self.n
-        self.r.append(rows + start)
-        self.c.append(cols)
-        self.v.append(vals)
-        self.lo.append(lo)
-        self.hi.append(hi)
-        self.n += len(lo)
-        self.families[name] = (start, self.n)
 
 
 def _lookup_array(keys: tuple[np.ndarray, ...], lookup: dict[tuple[int, int, int], int]) -> np.ndarray:
@@ -162,7 +141,7 @@ def build_index(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: 
 # ---------------------------------------------------------------------------- constraint families
 
 
-def hold_only_what_arrived(idx: FlowIndex, topo: Topology, timing: EpochTiming, rows: _Rows) -> None:
+def hold_only_what_arrived(idx: FlowIndex, topo: Topology, timing: EpochTiming, rows: Rows) -> None:
     """Store-and-forward buffers: a GPU holds a chunk at the start of epoch t only if it held it at
     t-1 or a copy arrived at t (sent k = t - delay epochs earlier). Once held, it may stay held.
 
@@ -190,7 +169,7 @@ def hold_only_what_arrived(idx: FlowIndex, topo: Topology, timing: EpochTiming, 
     )
 
 
-def send_only_what_is_held(idx: FlowIndex, topo: Topology, demand: Demand, rows: _Rows) -> None:
+def send_only_what_is_held(idx: FlowIndex, topo: Topology, demand: Demand, rows: Rows) -> None:
     """A GPU sends only chunks it holds at the start of the epoch; it may copy one held chunk onto
     several out-links in the same epoch (multicast). The source holds its own chunks from epoch 0.
 
@@ -216,7 +195,7 @@ def send_only_what_is_held(idx: FlowIndex, topo: Topology, demand: Demand, rows:
     )
 
 
-def switch_forwards_on_arrival(idx: FlowIndex, topo: Topology, timing: EpochTiming, rows: _Rows) -> None:
+def switch_forwards_on_arrival(idx: FlowIndex, topo: Topology, timing: EpochTiming, rows: Rows) -> None:
     """Switches hold nothing: a switch sends a chunk in epoch e only if it arrives for epoch e.
     A copy-capable switch may replicate it onto several out-links; one that cannot copy sends out
     no more copies than came in.
@@ -292,7 +271,7 @@ def switch_forwards_on_arrival(idx: FlowIndex, topo: Topology, timing: EpochTimi
     )
 
 
-def link_capacity_window(idx: FlowIndex, topo: Topology, timing: EpochTiming, rows: _Rows,
+def link_capacity_window(idx: FlowIndex, topo: Topology, timing: EpochTiming, rows: Rows,
                          images: list[tuple[np.ndarray, np.ndarray]] | None = None) -> None:
     """Link capacity with beta: in any b+1 consecutive epochs at most floor((b+1) * cap * tau)
     chunks start on a link (b = 0: at most floor(cap * tau) per epoch). A chunk that needs more
@@ -351,8 +330,6 @@ def demand_met_by_horizon(idx: FlowIndex, demand: Demand, lb: np.ndarray) -> Non
             lb[col] = 1.0
 
 
-class Infeasible(Exception):
-    """The probe is infeasible before any solving (a demand cannot be reached in time)."""
 
 
 def early_delivery_objective(idx: FlowIndex, demand: Demand) -> np.ndarray:
@@ -380,7 +357,7 @@ def build_model(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: 
         images = []
         for v, r in symmetry.rep_of.items():
             images.append((np.flatnonzero(src == r), symmetry.link_map[v]))
-    rows = _Rows()
+    rows = Rows()
     hold_only_what_arrived(idx, topo, timing, rows)
     send_only_what_is_held(idx, topo, demand, rows)
     switch_forwards_on_arrival(idx, topo, timing, rows)
@@ -391,17 +368,14 @@ def build_model(topo: Topology, demand: Demand, timing: EpochTiming, T: int, D: 
     demand_met_by_horizon(idx, demand, lb)
     integer = np.zeros(n, dtype=bool)
     integer[: idx.nf] = True
-    A = sp.csc_matrix(
-        (np.concatenate(rows.v), (np.concatenate(rows.r), np.concatenate(rows.c))), shape=(rows.n, n)
-    )
     model = MipModel(
         cost=early_delivery_objective(idx, demand),
         lb=lb,
         ub=ub,
         integer=integer,
-        A=A,
-        row_lo=np.concatenate(rows.lo),
-        row_hi=np.concatenate(rows.hi),
+        A=rows.matrix(n),
+        row_lo=rows.row_lo,
+        row_hi=rows.row_hi,
         row_names=rows.families,
     )
     return model, idx

@@ -1,23 +1,14 @@
-"""The spanning-tree (ForestColl) bound for AllGather and ReduceScatter, by max-flow.
+"""Packed broadcast trees for AllGather: the polynomial-time method, in the spirit of ForestColl.
 
-An AllGather must move every GPU's block into every set S of nodes that holds a GPU: at least
-``|GPUs outside S|`` blocks cross into S, whatever the schedule, so
-
-    T >= (M/N) * max over S of |GPUs outside S| / (bandwidth entering S).
-
-There are exponentially many S, but the largest ratio is found with max-flow (ForestColl,
-after Edmonds' branching theorem): give a super source an edge of capacity x into every GPU and
-the links their bandwidth; every cut separating the source from GPU v costs
-``x * |GPUs inside S| + bandwidth into S``, which is at least ``N * x`` exactly when
-``bandwidth into S >= x * |GPUs outside S|``. The largest x for which every GPU's max-flow reaches
-``N * x`` is the best rate per root; the bound is (M/N) / x. Without switches it is also reached
-by packing spanning out-trees (ForestColl), so on switchless topologies it is the bandwidth
-optimum; the epoch model adds latency and whole chunks on top.
-
-x is found by Dinkelbach iteration: start from the ingress ratio, find a GPU whose min cut is
-violated, move x to that cut's own ratio, repeat; each step strictly lowers x and there are
-finitely many cuts, so it ends (in a handful of rounds in practice). ReduceScatter is the same on
-the reversed links (duality; see :mod:`flowride.schedule.reduce`).
+ForestColl's bound (:func:`flowride.synth.bounds.forest_bound`) is exact; the construction here is
+a polynomial heuristic in its spirit, not ForestColl's exact packing: one broadcast out-tree per
+(root, chunk), grown by Dijkstra under link weights that rise with the load earlier trees put on
+each link (multiplicative-weights style), so the trees spread over the cut the bound names. The
+trees are then list-scheduled level by level into the epoch model (every hop at the earliest epoch
+its link has room), which adds latency and whole-chunk effects the fluid bound leaves out.
+Switches are crossed, never used to copy (a GPU -> switch -> GPU hop is one tree edge), so the
+schedule is valid for any switch. ReduceScatter and AllReduce reuse them by duality
+(:mod:`flowride.schedule.reduce`).
 """
 
 from __future__ import annotations
@@ -28,112 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.sparse.csgraph import breadth_first_order, dijkstra, maximum_flow
+from scipy.sparse.csgraph import dijkstra
 
+from flowride.schedule.ir import Schedule
+from flowride.schedule.simulate import simulate
+from flowride.synth.greedy import GreedyScheduler
+from flowride.synth.result import Probe, SearchResult
 from flowride.topology.model import Topology
-
-_REL = 1e-9
-
-
-@dataclass(frozen=True)
-class ForestBound:
-    rate_Bps: float  # x: bytes/s each GPU's block can spread at, the same for every root
-    cut: frozenset[int]  # the binding set S (sink side), nodes of the topology
-    gpus_outside: int
-    bandwidth_in_Bps: float
-    rounds: int
-    complete: bool = True  # False: cut short by its time limit (still sound, maybe weaker)
-
-    def seconds(self, block_bytes: float) -> float:
-        """Finish-time floor for blocks of ``block_bytes`` (AllGather: output / ranks)."""
-        return block_bytes / self.rate_Bps
-
-
-_CACHE: dict[tuple, ForestBound] = {}
-FOREST_SECONDS = 20.0  # the bound's own cap: on a 1024-GPU torus a round is ~1k max-flows
-
-
-def forest_bound(topo: Topology, reverse: bool = False, time_limit: float | None = None) -> ForestBound:
-    """The best common per-root rate of an AllGather on ``topo`` (``reverse``: on its reversed
-    links, i.e. the ReduceScatter floor). Cached per link set: every report asks for it.
-
-    Anytime: every x the iteration holds is the ratio of a real cut, so stopping early (after
-    ``time_limit`` seconds, at most FOREST_SECONDS) still gives a sound, if weaker, bound; such a
-    result says ``complete=False`` and is not cached."""
-    key = (topo.gpus, tuple((lk.src, lk.dst, lk.bytes_per_s) for lk in topo.links), reverse)
-    if key in _CACHE:
-        return _CACHE[key]
-    budget = FOREST_SECONDS if time_limit is None else min(FOREST_SECONDS, time_limit)
-    out = _forest_bound(topo, reverse, time.perf_counter() + budget)
-    if out.complete:
-        if len(_CACHE) > 64:
-            _CACHE.clear()
-        _CACHE[key] = out
-    return out
-
-
-_SCALE_TOTAL = 2.0**28  # integer capacities for scipy's max-flow: the whole graph's within int32
-_VIOLATION = 1e-4  # relative shortfall of a max-flow that counts as a violated cut (integer rounding)
-
-
-def _forest_bound(topo: Topology, reverse: bool, deadline: float) -> ForestBound:
-    gpus = np.array(topo.gpus, dtype=np.int64)
-    n, N = len(gpus), topo.num_nodes
-    tail, head = topo.link_ends
-    if reverse:
-        tail, head = head, tail
-    cap = np.array([lk.bytes_per_s for lk in topo.links], dtype=float)
-    into = np.bincount(head, weights=cap, minlength=N)
-    best = int(gpus[np.argmin(into[gpus])])
-    x = into[best] / (n - 1)
-    binding = (frozenset([best]), n - 1, float(into[best]))
-    scale = _SCALE_TOTAL / max(cap.sum(), n * x)
-    link_cap = np.floor(cap * scale).astype(np.int32)  # rounding down only weakens a test, never the bound
-    rows = np.concatenate([tail, np.full(n, N)])  # node N: the super source
-    cols = np.concatenate([head, gpus])
-    rounds, complete = 0, True
-    while complete:
-        rounds += 1
-        xi = int(np.floor(x * scale))
-        C = sp.csr_matrix((np.concatenate([link_cap, np.full(n, xi, dtype=np.int32)]), (rows, cols)), shape=(N + 1, N + 1))
-        C.sum_duplicates()
-        worst = None
-        for v in gpus:
-            if time.perf_counter() > deadline:
-                complete = False
-                break
-            res = maximum_flow(C, N, int(v))
-            if res.flow_value >= n * xi * (1 - _VIOLATION):
-                continue
-            resid = (C - res.flow).tocsr()
-            resid.data[resid.data < 0] = 0
-            resid.eliminate_zeros()
-            sink_side = np.ones(N + 1, dtype=bool)
-            sink_side[breadth_first_order(resid, N, directed=True, return_predecessors=False)] = False
-            inside = sink_side[:N]
-            outside_gpus = n - int(inside[gpus].sum())
-            if outside_gpus == 0:
-                continue
-            bw_in = float(cap[inside[head] & ~inside[tail]].sum())  # exact, from the real capacities
-            ratio = bw_in / outside_gpus
-            if worst is None or ratio < worst[0]:
-                worst = (ratio, frozenset(np.flatnonzero(inside).tolist()), outside_gpus, bw_in)
-        if worst is None or worst[0] >= x * (1 - _REL):
-            break
-        x = worst[0]
-        binding = worst[1:]
-    return ForestBound(float(x), binding[0], binding[1], binding[2], rounds, complete)
-
-
-# ------------------------------------------------------------------ construction
-#
-# The bound above is exact; the construction below is a polynomial heuristic in its spirit, not
-# ForestColl's exact packing: one broadcast out-tree per (root, chunk), grown by Dijkstra under
-# link weights that rise with the load earlier trees put on each link (multiplicative-weights
-# style), so the trees spread over the cut the bound names. The trees are then list-scheduled level
-# by level into the epoch model (every hop at the earliest epoch its link has room), which adds
-# latency and whole-chunk effects the fluid bound leaves out. Switches are crossed, never used to
-# copy (a GPU -> switch -> GPU hop is one tree edge), so the schedule is valid for any switch.
 
 
 @dataclass(frozen=True)
@@ -217,8 +109,6 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
     time each edge consumes, inflated by the load already on it, plus ``spread`` times its depth:
     a tree then crosses a thin cut once and copies on the far side (best when bandwidth
     dominates), at the price of deeper trees."""
-    from flowride.synth.greedy import GreedyScheduler
-
     if not demand.collective.multicast or demand.collective.reduces:
         raise ValueError("tree_sends builds AllGather schedules; reductions use the reversed AllGather")
     e = _gpu_edges(topo, timing)
@@ -303,14 +193,8 @@ TREE_VARIANTS: tuple[tuple[str, float], ...] = (("shortest", 0.5), ("cheapest", 
 def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = None, progress=None, lower: int = 0):
     """The polynomial-time method: build the AllGather along packed trees in every shape of
     :data:`TREE_VARIANTS` (while time is left; the first always runs), keep the one that finishes
-    first in the simulator's replay. Returns a :class:`~flowride.synth.horizon.SearchResult`
+    first in the simulator's replay. Returns a :class:`~flowride.synth.result.SearchResult`
     whose horizon is that replay's epoch count; ``lower`` is the caller's epoch lower bound."""
-    import time
-
-    from flowride.schedule.ir import Schedule
-    from flowride.schedule.simulate import simulate
-    from flowride.synth.horizon import Probe, SearchResult
-
     t0 = time.perf_counter()
     best: tuple[int, list] | None = None
     probes: list[Probe] = []

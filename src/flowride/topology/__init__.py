@@ -10,6 +10,7 @@ from flowride.topology.builtins import (
     mesh,
     mi250,
     ndv2,
+    resolve_topology,
     ring,
     switch,
     torus,
@@ -20,6 +21,6 @@ from flowride.topology.timing import EpochTiming, epoch_timing
 
 __all__ = [
     "BUILTINS", "EpochTiming", "Link", "Node", "Topology", "build_topology", "dgx1", "dgx2", "epoch_timing",
-    "full", "h100", "load_topology", "mesh", "mi250", "ndv2", "ring", "save_topology", "switch", "topology_from_dict",
+    "full", "h100", "load_topology", "mesh", "mi250", "ndv2", "resolve_topology", "ring", "save_topology", "switch", "topology_from_dict",
     "topology_to_dict", "torus",
 ]

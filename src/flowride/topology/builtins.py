@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from flowride.errors import InputError
 from flowride.sizes import MAX_GPUS, MAX_LINKS
+from flowride.topology.io import load_topology
 from flowride.topology.model import Link, Node, Topology
 
 US = 1e-6
@@ -348,3 +350,30 @@ def build_topology(name: str, **params) -> Topology:
     if extra:
         raise InputError(extra[0], f"is not a parameter of {name}", f"{name} takes: {', '.join(spec.params) or 'nothing'}")
     return spec.build(**given)
+
+
+TOPOLOGY_PARAMS = ("chassis", "teccl_compat", "n", "rows", "cols", "bandwidth", "alpha_us")
+
+
+def resolve_topology(name: str, params: dict | None = None, switch_copy: bool | None = None) -> Topology:
+    """A topology JSON file (``name`` ending in .json, or an existing file) or a built-in built
+    with ``params`` (None values are left out), then, if ``switch_copy`` is given, every switch
+    set to copy or not. Errors name the parameter at fault (``chassis``, ``teccl_compat``,
+    ``switch_copy``, ...): a built-in parameter given with a file, ``teccl_compat`` for a built-in
+    without a published model, ``switch_copy`` for a topology without switches."""
+    given = {k: v for k, v in (params or {}).items() if v is not None}
+    if name.endswith(".json") or Path(name).is_file():
+        extra = [k for k in TOPOLOGY_PARAMS if k in given]
+        if extra:
+            raise InputError(extra[0], "does not apply to a topology file", "edit the JSON instead")
+        topo = load_topology(name)
+    else:
+        if given.get("teccl_compat") and name in BUILTINS and "teccl_compat" not in BUILTINS[name].params:
+            with_model = ", ".join(n for n, spec in BUILTINS.items() if "teccl_compat" in spec.params)
+            raise InputError("teccl_compat", f"{name} has no published TE-CCL model", f"the published results cover {with_model}")
+        topo = build_topology(name, **given)
+    if switch_copy is not None:
+        if not topo.switches:
+            raise InputError("switch_copy", f"{topo.name} has no switches", "leave --switch-copy out")
+        topo = topo.with_switch_copy(switch_copy)
+    return topo

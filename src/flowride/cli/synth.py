@@ -1,0 +1,242 @@
+"""``flowride synth``, ``verify``, ``export``, ``show``, ``topologies`` and ``topology``: schedules
+and topologies, each parsed, handed to one library call and printed."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+from rich.markup import escape
+from rich.table import Table
+
+from flowride.cli.common import as_options, console, err
+from flowride.errors import InputError
+from flowride.files import write_json_atomic
+from flowride.sizes import MAX_EPOCH_S, MIN_EPOCH_S
+from flowride.units import format_size, parse_size
+
+
+def _load_topology(a: argparse.Namespace):
+    """The topology the options name; a library error about a parameter the user gave names its
+    option (``--chassis``, ``--switch-copy``, ...)."""
+    from flowride.topology.builtins import TOPOLOGY_PARAMS, resolve_topology
+
+    params = {k: getattr(a, k) for k in TOPOLOGY_PARAMS}
+    copy = getattr(a, "switch_copy", None)
+    given = [k for k, v in params.items() if v is not None] + ([] if copy is None else ["switch_copy"])
+    with as_options(**{k: f"--{k.replace('_', '-')}" for k in given}):
+        return resolve_topology(a.topology, params, None if copy is None else copy == "on")
+
+
+def _epoch(text: str) -> str | float:
+    if text.lower() in ("fast", "slow"):
+        return text.lower()
+    try:
+        v = float(text)
+    except ValueError:
+        raise InputError("--epoch", f"{text!r} is neither fast, slow nor seconds", "use fast, slow or e.g. 5e-6") from None
+    if not (math.isfinite(v) and MIN_EPOCH_S <= v <= MAX_EPOCH_S):
+        raise InputError("--epoch", f"{text} s is outside {MIN_EPOCH_S:g}..{MAX_EPOCH_S:g} s", "use fast, slow or seconds, e.g. 5e-6")
+    return v
+
+
+class _ProgressView:
+    """Live one-line status while solving: method, stage (window, probe or tree shape), best
+    finish so far, gap to the epoch lower bound, elapsed time."""
+
+    def __init__(self, status) -> None:
+        self.status = status
+        self.t0 = time.perf_counter()
+        self.method = "bounds"
+        self.best: int | None = None  # epochs of the best verified schedule so far
+        self.lo: int | None = None
+        self.tau: float | None = None
+
+    def _best(self) -> str:
+        if self.best is None:
+            return ""
+        fin = f" = {self.best * self.tau * 1e6:.4g} us" if self.tau else ""
+        gap = f", gap {self.best - self.lo} epochs over the bound {self.lo}" if self.lo is not None else ""
+        return f" | best {self.best} epochs{fin}{gap}"
+
+    def __call__(self, ev: dict) -> None:
+        el = time.perf_counter() - self.t0
+        stage = ev["stage"]
+        self.tau = ev.get("tau", self.tau)
+        if "lo" in ev and stage in ("bounds", "method"):
+            self.lo = ev["lo"]
+        if stage in ("bounds", "method"):
+            self.best = ev["hi"] if self.best is None else min(self.best, ev["hi"])
+        loud = False
+        # the method each stage belongs to (auto runs several in turn)
+        self.method = {"trees": "trees", "window": "astar", "probe": "milp", "probed": "milp", "lp": "lp",
+                       "lp-probed": "lp", "integral": "lp", "static-lp": "lp"}.get(stage, self.method)
+        if stage == "bounds":
+            msg = f"baseline {ev['baseline']}"
+        elif stage == "method":
+            if ev["method"] != "incumbent":
+                self.method = ev["method"]
+            msg = f"MILP of {ev['columns']:,} columns" if ev["method"] == "milp" and ev.get("columns") else "best so far"
+            loud = True
+        elif stage == "trees":
+            self.best = min(self.best or ev["best"], ev["best"])
+            msg = f"tree shape {ev['variant']} ({ev['i']}/{ev['of']}): {ev['epochs']} epochs"
+        elif stage == "probe":
+            msg = f"probe {ev['T']} epochs (search [{ev['lo']}, {ev['hi']}])"
+        elif stage == "probed":
+            self.lo = max(self.lo or 0, ev["lo"])  # every horizon below is proven infeasible
+            if ev["outcome"] == "feasible":
+                self.best = min(self.best or ev["T"], ev["T"])
+            msg = f"probe {ev['T']} epochs: {ev['outcome']} (search [{ev['lo']}, {ev['hi']}])"
+            loud = True
+        elif stage == "window":
+            msg = f"window {ev['window']} at epoch {ev['start_epoch']}: {ev['delivered']}/{ev['needed']} delivered"
+        elif stage == "decompose":
+            self.best = min(self.best or ev["epochs"], ev["epochs"])
+            msg = "LP flow decomposed into sends"
+            loud = True
+        else:  # the LP method's other stages: print what they report
+            msg = f"{stage}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in ev.items()
+                                           if k not in ("stage", "elapsed"))
+        line = escape(f"[{self.method}] {msg}{self._best()}")
+        if loud:
+            err.print(f"  {line}  [{el:.1f}s]", highlight=False)
+        self.status.update(f"[bold]synth[/bold] {line}  [{el:.1f}s]")
+
+
+def _result_table(rep: dict) -> Table:
+    t = Table(title=f"{rep['collective']} {format_size(rep['size_bytes'])} on {rep['topology']} ({rep['gpus']} GPUs)")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    if rep.get("switch_model", "no switches") != "no switches":
+        t.add_row("switch model", rep["switch_model"])
+    t.add_row("finish time", f"{rep['finish_time_us']:.3f} us  ({rep['epochs']} epochs x {rep['epoch_duration_us']:.4g} us)")
+    t.add_row("algorithmic bandwidth", f"{rep['algbw_GBps']:.3f} GB/s")
+    t.add_row("lower bound", f"{rep['lower_bound_us']:.3f} us ({rep['lower_bound_kind']}); ratio {rep['ratio_to_lower_bound']:.3f}")
+    for kind, what in (("forest", "forest (max-flow) bound"), ("flow", "concurrent-flow bound")):
+        if rep["lower_bounds_us"].get(kind):
+            t.add_row(what, f"{rep['lower_bounds_us'][kind]:.3f} us")
+    t.add_row(f"{rep['baseline']} baseline", f"{rep['baseline_us']:.3f} us; ours is {rep['speedup_vs_baseline']:.2f}x faster")
+    t.add_row("solver time", f"{rep['solver_time_s']:.2f} s (wall {rep['wall_time_s']:.2f} s, {len(rep['probes'])} probes)")
+    asked = rep.get("method_requested")
+    t.add_row("method", f"{rep['method']}" + (f" (asked: {asked})" if asked and asked != rep["method"] else "")
+              + (f", objective {rep['objective']}" if rep.get("objective", "makespan") != "makespan" else "")
+              + f"; peak memory {rep['peak_rss_mb']:.0f} MB")
+    proven = "epochs proven minimal" if rep["proven_minimal_epochs"] else f"epoch lower bound {rep['epoch_lower_bound']}"
+    t.add_row("status", f"{rep['status']} ({proven}); verified: {rep['verified']}")
+    return t
+
+
+def cmd_synth(a: argparse.Namespace) -> int:
+    from flowride.api import synthesize
+    from flowride.synth.options import parse_speedups
+
+    topo = _load_topology(a)
+    size = parse_size(a.size, "--size")
+    epoch = _epoch(a.epoch)
+    with as_options(speedups="--speedups"):
+        speedups = parse_speedups(a.speedups)
+    opts = as_options(chunks="--chunks", time_limit="--time-limit", epoch="--epoch", mip_gap="--mip-gap",
+                       threads="--threads", size="--size", collective="--collective", method="--method",
+                       objective="--objective")
+    with err.status("[bold]synth[/bold] building bounds and baseline") as st, opts:
+        out = synthesize(topo, a.collective, size, epoch, a.chunks, a.time_limit, a.mip_gap, a.threads, _ProgressView(st),
+                         method=a.method, memory_limit=int(a.memory_limit * 2**30), speedups=speedups, objective=a.objective)
+    rep = out.report()
+    if a.out:
+        out.schedule.save(a.out)
+    if a.report:
+        write_json_atomic(a.report, rep, indent=1)
+    console.print(_result_table(rep))
+    if rep["status"] == "timeout":
+        err.print(f"[yellow]time limit reached: best schedule returned, {rep['epoch_gap']} epoch(s) above the proven lower bound[/yellow]")
+    if a.out:
+        console.print(f"schedule written to {a.out}")
+    return 0
+
+
+def cmd_verify(a: argparse.Namespace) -> int:
+    from flowride.program import load_as_schedule
+    from flowride.schedule import simulate
+    from flowride.synth.bounds import lower_bounds
+
+    sched = load_as_schedule(a.schedule)  # an algorithm found wrong on reading: InvalidSchedule, exit 1
+    sim = simulate(sched)
+    if not sim.valid:
+        print(f"invalid: {sim.first_violation}", file=sys.stderr)
+        if len(sim.violations) > 1:
+            err.print(f"({len(sim.violations) - 1} more violation(s))")
+        return 1
+    lb = lower_bounds(sched.topology, sched.demand).best_s
+    console.print(
+        f"valid: {len(sched.sends)} sends, {sim.epochs} epochs, finish {sim.finish_time_s * 1e6:.3f} us "
+        f"(lower bound {lb * 1e6:.3f} us)"
+    )
+    return 0
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    from flowride.program import lower, write_msccl
+    from flowride.schedule import load_schedule
+
+    if not a.msccl:
+        raise InputError("--msccl", "no output given", "name the XML file to write, e.g. --msccl algo.xml")
+    sched = load_schedule(a.schedule)
+    prog = lower(sched)
+    write_msccl(prog, a.msccl, unfused=a.unfused, proto=a.proto)
+    steps = sum(len(g.steps) for g in prog.gpus)
+    kind = "unfused (s/r/rrc/nop)" if a.unfused else "MSCCL"
+    console.print(f"{kind} algorithm for {prog.collective.value} on {prog.ngpus} GPUs, {steps} steps, written to {a.msccl}")
+    return 0
+
+
+def cmd_show(a: argparse.Namespace) -> int:
+    from flowride.program import load_as_schedule
+    from flowride.schedule import simulate
+    from flowride.schedule.timeline import write_png, write_trace
+
+    if not (a.png or a.trace):
+        raise InputError("--png/--trace", "nothing to write", "give --png out.png and/or --trace out.json")
+    sched = load_as_schedule(a.schedule)
+    sim = simulate(sched)
+    if a.png:
+        write_png(sched, a.png, title=f"{sched.topology.name} {sched.collective.value}")
+        console.print(f"link utilisation written to {a.png}")
+    if a.trace:
+        write_trace(sched, a.trace)
+        console.print(f"Chrome trace (open in ui.perfetto.dev) written to {a.trace}")
+    if not sim.valid:  # drawn anyway (the picture shows where it goes wrong), but it is a failed check
+        console.print(f"{len(sched.sends)} sends on {len(sched.topology.links)} links")
+        print(f"invalid: {sim.first_violation}", file=sys.stderr)
+        return 1
+    console.print(f"{len(sched.sends)} sends on {len(sched.topology.links)} links; valid, {sim.epochs} epochs, "
+                  f"{sim.finish_time_s * 1e6:.3f} us")
+    return 0
+
+
+def cmd_topologies(a: argparse.Namespace) -> int:
+    from flowride.topology import BUILTINS, build_topology
+
+    t = Table(title="built-in topologies")
+    for c in ("name", "parameters", "example", "GPUs", "switches", "links"):
+        t.add_column(c)
+    for name, spec in BUILTINS.items():
+        topo = build_topology(name, **spec.example)
+        ex = ", ".join(f"{k}={v}" for k, v in spec.example.items()) or "-"
+        t.add_row(name, ", ".join(spec.params) or "-", ex, str(len(topo.gpus)), str(len(topo.switches)), str(len(topo.links)))
+    console.print(t)
+    return 0
+
+
+def cmd_topology(a: argparse.Namespace) -> int:
+    from flowride.topology import save_topology
+
+    topo = _load_topology(a)
+    if a.out:
+        save_topology(topo, a.out)
+        console.print(f"{topo.summary()} written to {a.out}")
+    else:
+        console.print(topo.summary())
+    return 0

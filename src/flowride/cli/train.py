@@ -1,0 +1,170 @@
+"""``flowride train``, ``profile-bubbles`` and ``schedule-show``: pipeline-parallel training (with
+side tasks harvesting its bubbles when asked), parsed into a TrainConfig, run with a progress
+bar, and reported as tables."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from flowride.cli.common import PIPELINE_OPTIONS, RunFailed, as_options, console, err
+from flowride.files import write_json_atomic
+
+
+def _train_config(a: argparse.Namespace, iters: int | None = None):
+    from flowride.pipeline.config import TrainConfig
+
+    return TrainConfig(
+        schedule=a.schedule.lower(), stages=a.stages, microbatches=a.microbatches, chunks=a.chunks,
+        model=a.model, iters=iters or a.iters, microbatch_size=a.microbatch_size, seed=a.seed, lr=a.lr,
+        data=a.data, run_dir=a.run_dir, bubble_port=getattr(a, "bubble_port", None),
+        profile=getattr(a, "bubble_profile", None), timeout_s=a.timeout, device=a.device, threads=a.threads,
+        engine=a.engine.lower(), min_bubble_s=a.min_bubble,
+    )
+
+
+def _run_training(cfg):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flowride.pipeline.launch import TrainingFailed
+    from flowride.pipeline.trainer import check_profile, train
+
+    with as_options(**PIPELINE_OPTIONS):
+        cfg.validate()  # bad input fails before any progress bar or process starts
+    check_profile(cfg)
+    with Progress(
+        TextColumn("[bold]train[/bold] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[secs]} s/iter"), TimeElapsedColumn(),
+        console=err, transient=False,
+    ) as prog:
+        task = prog.add_task(f"{cfg.schedule} p={cfg.stages} m={cfg.microbatches}", total=cfg.iters, loss="-", secs="-")
+
+        def on_progress(ev: dict) -> None:
+            prog.update(task, completed=ev["iteration"] + 1, loss=f"{ev['loss']:.4f}", secs=f"{ev['seconds']:.3f}")
+
+        try:
+            return train(cfg, on_progress)
+        except TrainingFailed as e:
+            raise RunFailed(str(e)) from None
+
+
+def _bubble_table(rep: dict) -> Table:
+    t = Table(title=f"{rep['schedule']}: {rep['stages']} stages, {rep['microbatches']} micro-batches, {rep['model']} model")
+    for c in ("stage", "type", "per iter", "median ms", "min ms", "free memory"):
+        t.add_column(c, justify="right")
+    for b in rep["bubbles"]:
+        if b["type"] == "S":
+            continue
+        t.add_row(str(b["stage"]), b["type"], f"{b['count_per_iteration']:.0f}", f"{b['median_s'] * 1e3:.2f}",
+                  f"{b['min_s'] * 1e3:.2f}", f"{b['free_memory_bytes'] / 2**30:.1f} GiB")
+    return t
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    from flowride.pipeline.timeline import write_png, write_trace
+
+    cfg = _train_config(a)
+    tasks = [t.strip() for t in (a.side_tasks or "").split(",") if t.strip()]
+    mode = a.harvest.lower()
+    side_steps: list[dict] = []
+    if tasks and mode != "none":
+        res, rep, side_steps = _train_harvesting(a, cfg, tasks, mode)
+    else:
+        res = _run_training(cfg)
+        rep = res.report()
+        rep["harvest_mode"] = "none"
+    if a.report:
+        write_json_atomic(a.report, rep, indent=1)
+    if a.timeline:
+        write_png(res.ranks, res.gaps, a.timeline, f"{cfg.schedule}, p={cfg.stages}, m={cfg.microbatches} (last iteration)", side_steps=side_steps)
+    if a.trace:
+        write_trace(res.ranks, res.gaps, a.trace, side_steps=side_steps)
+    console.print(_bubble_table(rep))
+    if rep.get("harvest_mode", "none") != "none":
+        console.print(_harvest_table(rep))
+    console.print(
+        f"iteration {rep['iteration_time_s'] * 1e3:.1f} ms (median after warm-up); loss {rep['losses'][0]:.4f} -> "
+        f"{rep['losses'][-1]:.4f}; bubble fraction measured {rep['bubble_fraction_measured']:.3f}, "
+        f"theory {rep['bubble_fraction_theory']:.3f}",
+        soft_wrap=True,
+    )
+    return 0
+
+
+def _train_harvesting(a: argparse.Namespace, cfg, tasks: list[str], mode: str):
+    """A `none` baseline (or a given baseline report), then the same training with side tasks,
+    harvesting switched on and off in randomized blocks (the paired overhead)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from flowride.harvest.session import check_comparison, compare, read_baseline_report
+    from flowride.harvest.supervise import ManagerUnavailable
+    from flowride.pipeline.launch import TrainingFailed
+
+    with as_options(**PIPELINE_OPTIONS):
+        check_comparison(cfg, mode, tasks, a.paired_block, a.budget, a.price_ref, a.price_main)
+    base_rep = None
+    if a.baseline_report:
+        base_rep = read_baseline_report(a.baseline_report, "--baseline-report")
+    with Progress(TextColumn("[bold]train+harvest[/bold] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=err) as prog:
+        task = prog.add_task("profiling side tasks", total=cfg.iters, loss="-")
+
+        def on_stage(msg: str) -> None:
+            prog.update(task, description=msg, completed=0)
+
+        def on_progress(ev: dict) -> None:
+            prog.update(task, completed=ev["iteration"] + 1, loss=f"{ev['loss']:.4f}")
+
+        try:
+            c = compare(cfg, mode, tasks, paired_block=a.paired_block, baseline_report=base_rep, p_ref=a.price_ref,
+                        p_main=a.price_main, budget_pct=a.budget, bubble_profile=a.bubble_profile,
+                        on_stage=on_stage, on_progress=on_progress)
+        except (TrainingFailed, ManagerUnavailable) as e:
+            raise RunFailed(str(e)) from None
+    return c.result, c.report, c.record.get("steps", [])
+
+
+def _harvest_table(rep: dict) -> Table:
+    ci = rep.get("overhead_ci95")
+    ci_text = f" (95% CI {ci[0]:+.2f}..{ci[1]:+.2f}, {rep['overhead_pairs']} pairs)" if ci else ""
+    budget = {"within": "within", "over": "OVER", "undecided": "undecided against"}[rep["budget_verdict"]]
+    t = Table(title=f"harvest ({rep['harvest_mode']}): overhead {rep['overhead_pct']:+.2f}%{ci_text}, {budget} the "
+                    f"{rep['overhead_budget_pct']:g}% budget; efficiency {rep['harvest_efficiency']:.2f}, savings {rep['cost']['savings']:+.4f}")
+    for c in ("task", "steps", "units", "units/s", "dedicated units/s", "overruns"):
+        t.add_column(c, justify="right")
+    for tid, d in rep["side_work"].items():
+        t.add_row(f"{tid}:{d['name']}", str(d["steps"]), f"{d['units']:.0f} {d['unit']}", f"{d['throughput']:.1f}",
+                  f"{d['dedicated_throughput']:.1f}", str(d["overruns"]))
+    for f in rep["failures"]:
+        t.add_row(f"{f['task']}:{f['name']}", "FAILED", (f["reason"] or "")[:60], "", "", "")
+    if rep.get("manager_restarts"):
+        t.add_row("manager", f"restarted {rep['manager_restarts']}x", rep.get("harvest_stopped") or "", "", "", "")
+    return t
+
+
+def cmd_profile_bubbles(a: argparse.Namespace) -> int:
+    cfg = _train_config(a)
+    res = _run_training(cfg)
+    prof = res.profile()
+    write_json_atomic(a.out, prof, indent=1)
+    console.print(_bubble_table(res.report()))
+    console.print(f"bubble profile written to {a.out}")
+    return 0
+
+
+def cmd_schedule_show(a: argparse.Namespace) -> int:
+    from flowride.pipeline.schedules import (
+        build_schedule,
+        check_grid_size,
+        render_grid,
+        theoretical_bubble_fraction,
+    )
+
+    name = a.schedule.lower()
+    with as_options(**PIPELINE_OPTIONS):
+        check_grid_size(a.stages, a.microbatches, a.chunks)
+        instrs = build_schedule(name, a.stages, a.microbatches, a.chunks)
+    console.print(render_grid(instrs, a.stages, a.microbatches, a.chunks), highlight=False, soft_wrap=True)
+    console.print(f"theoretical bubble fraction: {theoretical_bubble_fraction(name, a.stages, a.microbatches, a.chunks):.4f}")
+    return 0
