@@ -72,7 +72,8 @@ def _imports(path: pathlib.Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            # ``from pkg import sub`` imports the module ``sub``; ``from mod import name`` imports ``mod``
+            names = [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level:
             raise AssertionError(f"{path}: relative import; write flowride.<module> so the floors stay visible")
         for n in names:
@@ -131,6 +132,9 @@ def test_the_checker_sees_lazy_and_upward_imports(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from flowride.synth.lp import build_lp\n    import flowride.api\n")
     assert _imports(f, {"synth.lp", "synth", "api", "__init__"}) == {"synth.lp", "api"}
+    g = tmp_path / "g.py"
+    g.write_text("from flowride.cli import demo\nfrom flowride.synth import bounds_of_nothing\n")
+    assert _imports(g, {"cli", "cli.demo", "synth", "__init__"}) == {"cli.demo", "synth"}
 
 
 def test_no_module_outgrows_a_reader():

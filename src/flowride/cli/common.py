@@ -16,7 +16,9 @@ from contextlib import contextmanager
 
 from rich.console import Console
 
+from flowride.argtypes import SECONDS, THREADS, integer, number, out_dir
 from flowride.errors import InputError, InvalidSchedule
+from flowride.sizes import MAX_GPUS, MAX_MICROBATCHES, MAX_STAGES
 
 console = Console()
 err = Console(stderr=True)
@@ -87,3 +89,40 @@ def run_command(args: argparse.Namespace) -> int:
     except OSError as e:  # the work ran and could not write or read what it had to (a full disk, ...)
         say_error(f"{e.strerror or e}{f': {e.filename}' if e.filename else ''}")
         return 1
+
+
+def topology_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", "-t", required=True, help="built-in name (see `flowride topologies`) or a topology JSON file")
+    p.add_argument("--chassis", type=integer(1, 64, "chassis"), help="chassis count (ndv2, dgx2, mi250)")
+    p.add_argument("--teccl-compat", action="store_true", default=None,
+                   help="the published TE-CCL model (ndv2, dgx2): every switch copies and a switch->GPU hop costs only its alpha; "
+                        "ndv2 x2 also models GPU 0 as a bufferless switch. Default: the physical model")
+    p.add_argument("--switch-copy", choices=("on", "off"),
+                   help="whether every switch can replicate a chunk (on: NVLS-class multicast; off: forwarding only). "
+                        "Default: each preset's physical model (only h100's NVSwitch copies)")
+    p.add_argument("--n", type=integer(2, MAX_GPUS, "GPUs"), help="GPU count (ring, full, switch)")
+    p.add_argument("--rows", type=integer(1, MAX_GPUS, "rows"), help="rows (mesh, torus)")
+    p.add_argument("--cols", type=integer(1, MAX_GPUS, "columns"), help="columns (mesh, torus)")
+    p.add_argument("--bandwidth", type=number(1e-3, 1e6, what="GB/s"), help="GB/s per link (generic topologies)")
+    p.add_argument("--alpha-us", type=number(0, 1e6, what="microseconds"), help="link latency in microseconds (generic topologies)")
+
+
+def train_args(p: argparse.ArgumentParser, iters: int) -> None:
+    p.add_argument("--stages", "-p", type=integer(1, MAX_STAGES, "stages"), default=2, help="pipeline stages (one process each)")
+    p.add_argument("--microbatches", "-m", type=integer(1, MAX_MICROBATCHES, "micro-batches"), default=8)
+    p.add_argument("--schedule", default="1f1b", help="builtin engine: gpipe, 1f1b, interleaved, zbh1; torch engine: "
+                   "gpipe, 1f1b, interleaved1f1b, loopedbfs, interleavedzb, zbv, dualpipev")
+    p.add_argument("--engine", default="auto", help="torch (torch.distributed.pipelining), builtin (flowride's instruction "
+                   "lists) or auto (default: torch for the schedules torch has, builtin for interleaved and zbh1)")
+    p.add_argument("--chunks", "-v", type=integer(1, 16, "chunks"), default=None, help="model chunks per stage (interleaved; default 2 there, else 1)")
+    p.add_argument("--model", default="tiny", help="tiny, small or medium")
+    p.add_argument("--iters", type=integer(1, 10**7, "iterations"), default=iters)
+    p.add_argument("--microbatch-size", type=integer(1, 65536, "samples"), default=4)
+    p.add_argument("--seed", type=integer(0, 2**63 - 1, "a seed"), default=0)
+    p.add_argument("--lr", type=number(0, 100, lo_open=True, what="a learning rate"), default=1e-3)
+    p.add_argument("--data", help="a text file to train on (bytes as tokens); default: generated tokens")
+    p.add_argument("--run-dir", type=out_dir, default="runs/train", help="where ranks write their logs and records")
+    p.add_argument("--timeout", type=SECONDS, default=120.0, help="seconds a rank may wait on a peer before the run fails")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--threads", type=THREADS, default=1, help="torch threads per rank")
+    p.add_argument("--min-bubble", type=number(0, 60, what="seconds"), default=0.002, help="seconds: waits predicted shorter are not announced")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from flowride.argtypes import out_dir
 from flowride.cli.common import console, err
 from flowride.units import parse_size
 
@@ -122,3 +123,11 @@ def _demo_harvest(out_dir: Path) -> None:
                   "time-sharing a core is nearly zero-sum, so the side work it gains is paid for by training's slowdown; on a "
                   "GPU the slowdown, not the savings, decides.", soft_wrap=True)
     console.print(f"timeline with side-task steps inside the bubbles: {out_dir / 'harvest-timeline.png'}")
+
+
+def add_demo(sub) -> None:
+    """``flowride demo``."""
+    d = sub.add_parser("demo", help="a short showcase: synthesis on built-in topologies, then harvesting bubbles")
+    d.add_argument("--out-dir", type=out_dir, default="runs/demo", help="where the harvest demo writes its runs and timeline")
+    d.add_argument("--no-harvest", action="store_true", help="only the synthesis part")
+    d.set_defaults(func=cmd_demo)

@@ -8,7 +8,8 @@ import json
 
 from rich.table import Table
 
-from flowride.cli.common import as_options, console, json_arg
+from flowride.argtypes import COUNT, SECONDS, integer, out_dir, out_file
+from flowride.cli.common import Parser, as_options, console, json_arg
 from flowride.errors import InputError
 from flowride.files import write_json_atomic
 
@@ -81,3 +82,40 @@ def cmd_manager(a: argparse.Namespace) -> int:
         console.print(f"manager restarted on 127.0.0.1:{port} (same port: running trainers keep reaching it); "
                       "unfinished tasks resume from the store")
     return 0
+
+
+def add_manager(sub) -> None:
+    """``flowride manager``."""
+    mg = sub.add_parser("manager", help="inspect, restart or stop a run's side-task manager (works while training runs)")
+    mg.add_argument("action", choices=("status", "restart", "stop"))
+    mg.add_argument("--run-dir", default="runs/train", help="the training run's directory")
+    mg.set_defaults(func=cmd_manager)
+
+
+def add_profile_task(sub) -> None:
+    """``flowride profile-task``."""
+    pt = sub.add_parser("profile-task", help="run a side task alone: step time, throughput, peak memory")
+    pt.add_argument("task")
+    pt.add_argument("--params", help="task parameters as a JSON object")
+    pt.add_argument("--steps", type=COUNT, default=30, help="steps to time (at most)")
+    pt.add_argument("--seconds", type=SECONDS, default=5.0, help="seconds to run (at most)")
+    pt.add_argument("--out", "-o", type=out_file, help="write the profile JSON here")
+    pt.set_defaults(func=cmd_profile_task)
+
+
+def add_tasks(sub) -> None:
+    """``flowride tasks``."""
+    tk = sub.add_parser("tasks", help="side tasks in a run's durable store (works while training runs)")
+    tsub = tk.add_subparsers(dest="action", required=True, parser_class=Parser)
+    ts = tsub.add_parser("submit")
+    ts.add_argument("task")
+    ts.add_argument("--params")
+    ts.add_argument("--priority", type=integer(-1000, 1000, "a priority"), default=0, help="higher runs first")
+    ts.add_argument("--memory-mb", type=integer(1, 10**7, "MB"), help="memory cap of the task")
+    tsub.add_parser("list")
+    for name in ("show", "cancel"):
+        tx = tsub.add_parser(name)
+        tx.add_argument("id", type=integer(1, 2**62, "a task id"))
+    for sp in tsub.choices.values():
+        sp.add_argument("--run-dir", type=out_dir, default="runs/train", help="the training run's directory")
+    tk.set_defaults(func=cmd_tasks)

@@ -8,6 +8,7 @@ import sys
 
 from rich.table import Table
 
+from flowride.argtypes import COUNT, SECONDS, integer, out_file
 from flowride.cli.common import as_options, console, err
 from flowride.files import write_json_atomic
 from flowride.units import format_size, parse_size
@@ -58,3 +59,17 @@ def cmd_run(a: argparse.Namespace) -> int:
     t.add_row("output", "equal to torch.distributed and the definition" if rep["correct"] else "WRONG")
     console.print(t)
     return 0
+
+
+def add_run(sub) -> None:
+    """``flowride run``."""
+    rn = sub.add_parser("run", help="execute a schedule over torch.distributed and check it against torch's collective")
+    rn.add_argument("schedule", help="schedule JSON or MSCCL XML")
+    rn.add_argument("--size", "-s", help="buffer per rank (default: the schedule's size)")
+    rn.add_argument("--repeats", type=COUNT, default=5, help="timed repeats (median reported)")
+    rn.add_argument("--warmup", type=integer(0, 10**6, "repeats"), default=1, help="untimed repeats first")
+    rn.add_argument("--timeout", type=SECONDS, default=120.0, help="seconds before a silent or hung rank fails the run")
+    rn.add_argument("--barrier-per-epoch", action="store_true", help="synchronise all ranks after every epoch (default: point-to-point dependencies only)")
+    rn.add_argument("--mode", default="auto", choices=["auto", "dataflow", "ordered", "grouped"], help="how messages are issued (auto: dataflow on gloo, grouped on nccl)")
+    rn.add_argument("--report", type=out_file, help="write the report JSON here")
+    rn.set_defaults(func=cmd_run)

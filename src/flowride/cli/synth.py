@@ -1,5 +1,5 @@
-"""``flowride synth``, ``verify``, ``export``, ``show``, ``topologies`` and ``topology``: schedules
-and topologies, each parsed, handed to one library call and printed."""
+"""``flowride synth``, ``verify`` and ``show``: schedules synthesized, checked and drawn, each parsed,
+handed to one library call and printed."""
 
 from __future__ import annotations
 
@@ -11,23 +11,13 @@ import time
 from rich.markup import escape
 from rich.table import Table
 
-from flowride.cli.common import as_options, console, err
+from flowride.argtypes import SECONDS, THREADS, integer, number, out_file
+from flowride.cli.common import as_options, console, err, topology_args
+from flowride.cli.topology import load_topology
 from flowride.errors import InputError
 from flowride.files import write_json_atomic
-from flowride.sizes import MAX_EPOCH_S, MIN_EPOCH_S
+from flowride.sizes import MAX_CHUNKS, MAX_EPOCH_S, MIN_EPOCH_S
 from flowride.units import format_size, parse_size
-
-
-def _load_topology(a: argparse.Namespace):
-    """The topology the options name; a library error about a parameter the user gave names its
-    option (``--chassis``, ``--switch-copy``, ...)."""
-    from flowride.topology.builtins import TOPOLOGY_PARAMS, resolve_topology
-
-    params = {k: getattr(a, k) for k in TOPOLOGY_PARAMS}
-    copy = getattr(a, "switch_copy", None)
-    given = [k for k, v in params.items() if v is not None] + ([] if copy is None else ["switch_copy"])
-    with as_options(**{k: f"--{k.replace('_', '-')}" for k in given}):
-        return resolve_topology(a.topology, params, None if copy is None else copy == "on")
 
 
 def _epoch(text: str) -> str | float:
@@ -133,7 +123,7 @@ def cmd_synth(a: argparse.Namespace) -> int:
     from flowride.api import synthesize
     from flowride.synth.options import parse_speedups
 
-    topo = _load_topology(a)
+    topo = load_topology(a)
     size = parse_size(a.size, "--size")
     epoch = _epoch(a.epoch)
     with as_options(speedups="--speedups"):
@@ -177,21 +167,6 @@ def cmd_verify(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_export(a: argparse.Namespace) -> int:
-    from flowride.program import lower, write_msccl
-    from flowride.schedule import load_schedule
-
-    if not a.msccl:
-        raise InputError("--msccl", "no output given", "name the XML file to write, e.g. --msccl algo.xml")
-    sched = load_schedule(a.schedule)
-    prog = lower(sched)
-    write_msccl(prog, a.msccl, unfused=a.unfused, proto=a.proto)
-    steps = sum(len(g.steps) for g in prog.gpus)
-    kind = "unfused (s/r/rrc/nop)" if a.unfused else "MSCCL"
-    console.print(f"{kind} algorithm for {prog.collective.value} on {prog.ngpus} GPUs, {steps} steps, written to {a.msccl}")
-    return 0
-
-
 def cmd_show(a: argparse.Namespace) -> int:
     from flowride.program import load_as_schedule
     from flowride.schedule import simulate
@@ -216,27 +191,40 @@ def cmd_show(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_topologies(a: argparse.Namespace) -> int:
-    from flowride.topology import BUILTINS, build_topology
+def add_synth(sub) -> None:
+    """``flowride synth``."""
+    s = sub.add_parser("synth", help="synthesize a verified collective schedule")
+    topology_args(s)
+    s.add_argument("--collective", "-c", default="allgather", help="allgather, alltoall, reducescatter or allreduce")
+    s.add_argument("--size", "-s", required=True, help="buffer per GPU (AllGather output, ReduceScatter input), e.g. 16MB, 1GiB")
+    s.add_argument("--epoch", default="fast", help="epoch length: fast, slow or seconds")
+    s.add_argument("--chunks", type=integer(1, MAX_CHUNKS, "chunks"), default=1, help="chunks per source block")
+    s.add_argument("--time-limit", type=SECONDS, help="seconds for the whole search; the best schedule so far is returned")
+    s.add_argument("--mip-gap", type=number(0, 1, what="a ratio"), help="relative MIP gap at which a probe may stop")
+    s.add_argument("--threads", type=THREADS, help="solver threads")
+    s.add_argument("--method", default="auto", help="milp, lp (AlltoAll), astar or trees (AllGather-like), or auto (by instance size)")
+    s.add_argument("--memory-limit", type=number(0, 1e4, lo_open=True, what="GiB"), default=8.0, help="GiB the MILP may use; a larger one is refused up front")
+    s.add_argument("--speedups", default="default",
+                   help="MILP search speed-ups: default, none, all, or a comma list of incumbent, bounds, warm_start, symmetry, parallel")
+    s.add_argument("--objective", choices=("makespan", "weighted"), default="makespan",
+                   help="AlltoAll LP route: makespan (search the horizon, then integral polish; default) or weighted "
+                        "(the published TE-CCL objective: one LP rewarding delivery at epoch t by 1/(t+1))")
+    s.add_argument("--out", "-o", type=out_file, help="write the schedule JSON here")
+    s.add_argument("--report", type=out_file, help="write the report JSON here")
+    s.set_defaults(func=cmd_synth)
 
-    t = Table(title="built-in topologies")
-    for c in ("name", "parameters", "example", "GPUs", "switches", "links"):
-        t.add_column(c)
-    for name, spec in BUILTINS.items():
-        topo = build_topology(name, **spec.example)
-        ex = ", ".join(f"{k}={v}" for k, v in spec.example.items()) or "-"
-        t.add_row(name, ", ".join(spec.params) or "-", ex, str(len(topo.gpus)), str(len(topo.switches)), str(len(topo.links)))
-    console.print(t)
-    return 0
+
+def add_verify(sub) -> None:
+    """``flowride verify``."""
+    v = sub.add_parser("verify", help="replay a schedule (JSON) or an MSCCL algorithm (XML) and check it")
+    v.add_argument("schedule")
+    v.set_defaults(func=cmd_verify)
 
 
-def cmd_topology(a: argparse.Namespace) -> int:
-    from flowride.topology import save_topology
-
-    topo = _load_topology(a)
-    if a.out:
-        save_topology(topo, a.out)
-        console.print(f"{topo.summary()} written to {a.out}")
-    else:
-        console.print(topo.summary())
-    return 0
+def add_show(sub) -> None:
+    """``flowride show``."""
+    sh = sub.add_parser("show", help="draw a schedule: link-utilisation PNG and/or Chrome trace")
+    sh.add_argument("schedule", help="schedule JSON or MSCCL XML")
+    sh.add_argument("--png", type=out_file, help="write a PNG of link utilisation over epochs")
+    sh.add_argument("--trace", type=out_file, help="write a Chrome-trace JSON (one track per link and per GPU)")
+    sh.set_defaults(func=cmd_show)

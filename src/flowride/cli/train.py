@@ -8,8 +8,10 @@ import argparse
 
 from rich.table import Table
 
-from flowride.cli.common import PIPELINE_OPTIONS, RunFailed, as_options, console, err
+from flowride.argtypes import PORT, integer, number, out_file
+from flowride.cli.common import PIPELINE_OPTIONS, RunFailed, as_options, console, err, train_args
 from flowride.files import write_json_atomic
+from flowride.sizes import MAX_MICROBATCHES, MAX_STAGES
 
 
 def _train_config(a: argparse.Namespace, iters: int | None = None):
@@ -168,3 +170,41 @@ def cmd_schedule_show(a: argparse.Namespace) -> int:
     console.print(render_grid(instrs, a.stages, a.microbatches, a.chunks), highlight=False, soft_wrap=True)
     console.print(f"theoretical bubble fraction: {theoretical_bubble_fraction(name, a.stages, a.microbatches, a.chunks):.4f}")
     return 0
+
+
+def add_train(sub) -> None:
+    """``flowride train``."""
+    tr = sub.add_parser("train", help="pipeline-parallel training that reports its bubbles")
+    train_args(tr, 20)
+    tr.add_argument("--report", type=out_file, help="write the report JSON here")
+    tr.add_argument("--timeline", type=out_file, help="write a timeline PNG here")
+    tr.add_argument("--trace", type=out_file, help="write a Chrome trace JSON here")
+    tr.add_argument("--bubble-port", type=PORT, help="UDP port on 127.0.0.1 to publish bubble events to")
+    tr.add_argument("--bubble-profile", help="bubble profile JSON (from profile-bubbles) for predicted bubble ends")
+    tr.add_argument("--side-tasks", help="comma-separated side tasks to run in the bubbles (e.g. pagerank,cnn,image)")
+    tr.add_argument("--harvest", default="freeride", help="none, freeride, naive or priority (with --side-tasks)")
+    tr.add_argument("--baseline-report", help="a none-mode train report to measure overhead against (else one is run first)")
+    tr.add_argument("--price-main", type=number(0, 1e9, lo_open=True, what="a price"), default=None, help="training job price per hour (default: stages x 1)")
+    tr.add_argument("--price-ref", type=number(0, 1e9, lo_open=True, what="a price"), default=1.0, help="reference device price per hour (default 1)")
+    tr.add_argument("--paired-block", type=integer(0, 10**6, "iterations"), default=2,
+                    help="harvesting alternates on/off in randomized blocks of this many iterations (0: separate runs only)")
+    tr.add_argument("--budget", type=number(0, 100, what="percent"), default=2.0, help="the training owner's overhead budget in percent (default 2)")
+    tr.set_defaults(func=cmd_train)
+
+
+def add_profile_bubbles(sub) -> None:
+    """``flowride profile-bubbles``."""
+    pb = sub.add_parser("profile-bubbles", help="run a few iterations and write a bubble profile")
+    train_args(pb, 6)
+    pb.add_argument("--out", "-o", type=out_file, default="bubble-profile.json")
+    pb.set_defaults(func=cmd_profile_bubbles)
+
+
+def add_schedule_show(sub) -> None:
+    """``flowride schedule-show``."""
+    ss = sub.add_parser("schedule-show", help="print a pipeline schedule's instructions as a grid")
+    ss.add_argument("schedule", help="gpipe, 1f1b, interleaved or zbh1")
+    ss.add_argument("--stages", "-p", type=integer(1, MAX_STAGES, "stages"), default=4)
+    ss.add_argument("--microbatches", "-m", type=integer(1, MAX_MICROBATCHES, "micro-batches"), default=8)
+    ss.add_argument("--chunks", "-v", type=integer(1, 16, "chunks"), default=None)
+    ss.set_defaults(func=cmd_schedule_show)
