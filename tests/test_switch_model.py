@@ -26,7 +26,13 @@ from flowride.collectives.demand import Collective, make_demand
 from flowride.schedule.ir import Schedule
 from flowride.schedule.links import LinkBook
 from flowride.schedule.simulate import simulate
-from flowride.synth.bounds import _forest_bound, _Needs, cut_bound, epoch_lower_bound, forest_bound
+from flowride.synth.bounds import (
+    DemandIncidence,
+    _forest_bound,
+    cut_bound,
+    epoch_lower_bound,
+    forest_bound,
+)
 from flowride.synth.lp_static import concurrent_flow, dual_flow_bound
 from flowride.synth.options import SynthOptions
 from flowride.synth.reach import epoch_distances
@@ -200,7 +206,7 @@ def test_vectorised_cut_bound_matches_its_definition(topo, collective, chunks, e
     d = make_demand(topo, collective, 10**6, chunks)
     t = epoch_timing(topo, d.chunk_bytes, epoch)
     D = epoch_distances(topo, t)
-    needs = _Needs(topo, d)
+    needs = DemandIncidence(topo, d)
     sets = [{g} for g in topo.gpus] + [set(s) for s in topo.cut_sets()]
     for inside in sets:
         assert cut_bound(topo, d, t, D, inside, needs) == _cut_bound_reference(topo, d, t, D, inside)

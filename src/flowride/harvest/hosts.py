@@ -58,7 +58,7 @@ class Live:
     step_times: deque = field(default_factory=lambda: deque(maxlen=20))
 
     def need_s(self, factor: float) -> float:
-        """Time a bubble must still have for one more step (:func:`fitting.need_s`)."""
+        """Time a bubble must still have for one more step (:func:`flowride.harvest.fitting.need_s`)."""
         return need_s(self.step_times, self.profiled_step_s, factor)
 
     def send(self, cmd: dict) -> None:

@@ -109,7 +109,6 @@ class TaskStore:
     def in_run_dir(cls, run_dir: str | Path) -> TaskStore:
         return cls(Path(run_dir) / "tasks.sqlite")
 
-
     def close(self) -> None:
         self.db.close()
 

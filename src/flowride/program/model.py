@@ -5,8 +5,9 @@ This is the form a runtime executes, after the MSCCL algorithm model (msccl-tool
 has an input buffer ``i``, an output buffer ``o`` and a scratch buffer ``s``, counted in chunks,
 and a list of steps: ``s`` (send a slot to a peer), ``r`` (receive from a peer into a slot),
 ``rrc`` (receive, add a local slot, write a slot), ``cpy`` (local copy). A step with ``cnt=k``
-touches k consecutive slots. The lowering (:mod:`flowride.program.lower`), the MSCCL XML writer
-and reader (:mod:`flowride.program.msccl_write`, :mod:`flowride.program.msccl_read`) and the
+touches k consecutive slots (the executor runs such steps, and the hazard pass honours them;
+export and the symbolic run take one chunk per step, and the MSCCL reader splits wider ones).
+The lowering (:mod:`flowride.program.lower`), the MSCCL XML writer and reader (:mod:`flowride.program.msccl_write`, :mod:`flowride.program.msccl_read`) and the
 torch.distributed executor (:mod:`flowride.comm`) all use this module's buffer layout, slot
 accesses and hazard pass, so what is exported, what is read back and what is run agree by
 construction rather than by three copies kept in step.

@@ -1,7 +1,7 @@
 """Schedules: the IR, an independent simulator/verifier, pruning, timelines and metrics.
 
-This floor imports nothing above it (no synth/, no program/): the searches build schedules, this
-floor judges them.
+This floor imports nothing above it (no synth/, no program/): the searches find schedules, this
+floor verifies them (and reverses a found AllGather into a reduction, :mod:`flowride.schedule.reduce`).
 """
 
 from flowride.schedule.ir import Schedule, Send, load_schedule

@@ -264,8 +264,8 @@ def _run_windows(run: _Run, cfg: Try, try_i: int, bail: int | None, complete: bo
         stalled = stalled + 1 if committed == 0 else 0
         if run.progress:
             run.progress({"stage": "window", "window": run.windows, "try": try_i, "window_epochs": W,
-                      "start_epoch": t0, "delivered": st.delivered(), "needed": needed, "sends": committed,
-                      "outcome": outcome, "elapsed": time.perf_counter() - run.t_start})
+                          "start_epoch": t0, "delivered": st.delivered(), "needed": needed, "sends": committed,
+                          "outcome": outcome, "elapsed": time.perf_counter() - run.t_start})
         run.windows += 1
         t0 += C
         if stalled >= 3 and not in_flight_after(st, t0):

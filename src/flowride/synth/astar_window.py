@@ -10,6 +10,7 @@ import scipy.sparse as sp
 
 from flowride.synth.astar_state import NEVER, Context, State
 from flowride.synth.highs import MipModel
+from flowride.synth.rows import expand_runs
 
 DELIVERY = 1.0  # reward of one needed chunk arriving
 EARLY = 0.2  # extra reward for landing at the window's first epoch, fading to 0 at its last arrival
@@ -38,14 +39,6 @@ class Window:
         self.credits = credits
 
 
-def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Expand inclusive ranges [lo, hi] to (row index, value) pairs."""
-    cnt = np.maximum(hi - lo + 1, 0)
-    idx = np.repeat(np.arange(len(lo)), cnt)
-    start = np.repeat(lo - np.concatenate([[0], np.cumsum(cnt)[:-1]]), cnt)
-    return idx, start + np.arange(int(cnt.sum()))
-
-
 def _room(st: State, links: np.ndarray, k: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
     """For each var (link, k): whether every capacity window through k has room; and the remaining
     room per (link, window start) over epochs [lo - bmax, hi] as a dense array (L, E)."""
@@ -72,7 +65,7 @@ def _group_match(key_a: np.ndarray, key_b: np.ndarray) -> tuple[np.ndarray, np.n
     sb = key_b[order]
     left = np.searchsorted(sb, key_a, "left")
     right = np.searchsorted(sb, key_a, "right")
-    i, pos = _ranges(left, right - 1)
+    i, pos = expand_runs(left, right - left)
     return i, order[pos]
 
 
@@ -97,7 +90,7 @@ def window_candidates(st: State, ctx: Context, t0: int, W: int, active: np.ndarr
     last = np.where(tail_gpu, kg, kg + ctx.late[lsrc])[None, :].repeat(len(active), axis=0)
     ok = head_ok & (first <= last)
     qi, li = np.nonzero(ok)
-    vi, k = _ranges(first[qi, li], last[qi, li])
+    vi, k = expand_runs(first[qi, li], last[qi, li] - first[qi, li] + 1)
     q, ln = qi[vi], li[vi]
     if len(q) == 0:
         return None
@@ -180,7 +173,7 @@ def _coverage(st: State, ctx: Context, hold: np.ndarray, lack: np.ndarray, q: np
     near_holder = (held @ ctx.near_dense) > 0  # (Qa, N)
     uncovered = lack & ~near_holder
     ptr, idx = ctx.near.indptr, ctx.near.indices
-    s, pos = _ranges(ptr[ctx.gpu_pos[g]], ptr[ctx.gpu_pos[g] + 1] - 1)
+    s, pos = expand_runs(ptr[ctx.gpu_pos[g]], ptr[ctx.gpu_pos[g] + 1] - ptr[ctx.gpu_pos[g]])
     d = idx[pos].astype(np.int64)
     ok = uncovered[q[s], d]
     return s[ok], d[ok]
@@ -215,7 +208,7 @@ def _fed(st: State, hold: np.ndarray, q, ln, k) -> np.ndarray:
 
 
 def build_window_model(st: State, win: Window, hold: np.ndarray) -> MipModel:
-    """Rows over the candidate sends, one family per rule (see the module notes)."""
+    """Rows over the candidate sends, one family per rule (see :mod:`flowride.synth.astar`)."""
     q, ln, k = win.q, win.ln, win.k
     nv = len(q)
     n = st.is_gpu.shape[0]

@@ -270,11 +270,6 @@ def _forest_bound(topo: Topology, reverse: bool, deadline: float) -> ForestBound
 # ---------------------------------------------------------------------------- in epochs
 
 
-def _arrivals_between(timing: EpochTiming, link: int, A: int, T: int) -> int:
-    """Most chunks that can arrive over ``link`` with arrival epoch in [A, T]."""
-    return int(_arrivals(timing, np.array([link]), np.array([A]), np.array([T]))[0])
-
-
 def _arrivals(timing: EpochTiming, links: np.ndarray, A: np.ndarray, T: np.ndarray) -> np.ndarray:
     """Most chunks that can arrive over all of ``links`` together with arrival epoch in [A, T],
     for each (A, T) pair: each link starts chunks from epoch ``first`` on (1 behind a switch: it
@@ -311,7 +306,7 @@ def _last_entry_epoch(links: list[int], releases: np.ndarray, timing: EpochTimin
     return int(hi.max())
 
 
-class _Needs:
+class DemandIncidence:
     """The demand as arrays, built once per bound: each commodity's source and its destinations
     (a sparse commodity x node incidence), so a cut's entering chunks are a few numpy ops."""
 
@@ -324,14 +319,14 @@ class _Needs:
 
 
 def cut_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np.ndarray, inside: set[int],
-              needs: _Needs | None = None) -> int:
+              needs: DemandIncidence | None = None) -> int:
     """Epochs needed to bring every chunk that must enter ``inside`` across its boundary, plus the
     epochs the last one then needs to reach every GPU inside that wants it (from the entry point
     nearest to each)."""
     into = [i for i, lk in enumerate(topo.links) if lk.dst in inside and lk.src not in inside]
     if not into:
         return 0
-    nd = needs or _Needs(topo, demand)
+    nd = needs or DemandIncidence(topo, demand)
     tails = np.array([topo.links[i].src for i in into])
     heads = sorted({topo.links[i].dst for i in into})
     ins = np.array(sorted(inside), dtype=np.int64)
@@ -367,7 +362,7 @@ def epoch_lower_bound(topo: Topology, demand: Demand, timing: EpochTiming, D: np
     bound (see :func:`flowride.synth.lp_static.concurrent_flow`)."""
     if D is None:
         D = epoch_distances(topo, timing)
-    needs = _Needs(topo, demand)
+    needs = DemandIncidence(topo, demand)
     coo = needs.M.tocoo()
     lat = int(D[needs.source[coo.row], coo.col].max())
     ingress = max(cut_bound(topo, demand, timing, D, {int(g)}, needs) for g in np.flatnonzero(needs.M.getnnz(axis=0)))

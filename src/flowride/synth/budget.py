@@ -28,7 +28,6 @@ MEMORY_LIMIT_BYTES = 8 * 2**30  # the solver process must stay under this on any
 BASE_BYTES = 400 * 2**20  # interpreter, numpy/scipy/networkx/highspy, before any model
 BYTES_PER_COLUMN = 10_000  # measured up to 8.4 KB per column above base at peak (build + solve), with margin
 AUTO_MILP_COLUMNS = 400_000  # above this the auto method does not try the full MILP (memory and minutes per probe)
-LP_BYTES_PER_COLUMN = 2_000  # measured about 1 KB per column at peak (build + simplex), with margin
 LP_MAX_COLUMNS = 1_000_000  # above this the time-expanded LP gives way to the static LP (flowride.synth.lp)
 STATIC_BYTES_PER_COLUMN = 4_000  # the static LP (interior point, then crossover), with margin
 

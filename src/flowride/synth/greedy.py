@@ -52,7 +52,7 @@ class GreedyScheduler:
             return 0
         return self.hold.get((s, c, g))
 
-    def _place_segment(self, s: int, c: int, links: list[int], ready: int) -> int:
+    def place_segment(self, s: int, c: int, links: list[int], ready: int) -> int:
         """Place GPU -> switch* -> GPU at the earliest start >= ready; return the hold epoch."""
         k = ready
         while True:
@@ -85,7 +85,7 @@ class GreedyScheduler:
             seg.append(li)
             dst = self.topo.links[li].dst
             if self.topo.nodes[dst].is_gpu:
-                t = self._place_segment(s, c, seg, ready)
+                t = self.place_segment(s, c, seg, ready)
                 prev = self.held_at(s, c, dst)
                 if prev is None or t < prev:
                     self.hold[(s, c, dst)] = t

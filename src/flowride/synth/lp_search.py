@@ -376,7 +376,7 @@ def synthesize_lp(
 
     ``objective="weighted"`` replaces steps 1-4 with the published TE-CCL form: one LP at the
     direct AlltoAll's horizon rewarding each unit delivered at epoch t by 1/(t+1)
-    (:func:`weighted_delivery_objective`), decomposed and list-scheduled (step 5 still applies).
+    (:func:`flowride.synth.lp.weighted_delivery_objective`), decomposed and list-scheduled (step 5 still applies).
 
     Instances whose time-expanded LP would have more than ``max_columns`` columns, or whose LP
     search finds no horizon in half of ``time_limit``, take the static LP instead
@@ -386,7 +386,7 @@ def synthesize_lp(
 
     Returns (the demand scheduled, an :class:`LpSearch`): ``sends`` for that demand, ``T`` its
     simulated epochs, ``lower`` the best lower bound on epochs known for that demand at that tau:
-    the LP horizon is one, since the LP is a relaxation of every schedule (module docstring), and
+    the LP horizon is one, since the LP is a relaxation of every schedule (:mod:`flowride.synth.lp`), and
     so are the bounds of :func:`epoch_lower_bound` and an infeasible integral probe. ``probes``
     lists every solve. If no LP is solved within ``time_limit`` the direct AlltoAll is returned
     (``method`` "direct"). Raises ValueError for a demand that is not copy-free (AllGather,

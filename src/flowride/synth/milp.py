@@ -71,8 +71,6 @@ class FlowIndex:
         return self.nf + self.nh + self.np_
 
 
-
-
 def _lookup_array(keys: tuple[np.ndarray, ...], lookup: dict[tuple[int, int, int], int]) -> np.ndarray:
     """Column of each key triple, -1 where absent."""
     return np.array([lookup.get(k, -1) for k in zip(*(a.tolist() for a in keys), strict=True)], dtype=np.int64)
@@ -328,8 +326,6 @@ def demand_met_by_horizon(idx: FlowIndex, demand: Demand, lb: np.ndarray) -> Non
             if col is None:
                 raise Infeasible(f"chunk {q.chunk} of GPU {q.source} cannot reach GPU {d} within {idx.T} epochs")
             lb[col] = 1.0
-
-
 
 
 def early_delivery_objective(idx: FlowIndex, demand: Demand) -> np.ndarray:

@@ -175,7 +175,7 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
         ready, _, ti, v = heapq.heappop(heap)
         s, c, parent = trees[ti]
         ei = parent[v]
-        t = gs._place_segment(s, c, e.links[ei], gs.held_at(s, c, e.src[ei]))
+        t = gs.place_segment(s, c, e.links[ei], gs.held_at(s, c, e.src[ei]))
         prev = gs.held_at(s, c, v)
         if prev is None or t < prev:
             gs.hold[(s, c, v)] = t
