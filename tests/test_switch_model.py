@@ -244,8 +244,8 @@ def test_bounds_of_a_1024_gpu_torus_take_seconds():
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 3), st.integers(1, 3), st.lists(st.integers(0, 40), max_size=30), st.integers(0, 45))
 def test_link_book_matches_its_window_rule(b, cap, taken, k):
-    """fits(l, k): one more start at k keeps every b+1 window around k within cap; next_open
-    never skips an epoch where a start fits."""
+    """fits(l, k): one more start at k keeps every b+1 window around k within cap; next_fit is
+    the first epoch from k where a start fits (it skips none, and stops on one)."""
     from types import SimpleNamespace
 
     timing = SimpleNamespace(beta_epochs=np.array([b]), window_cap=np.array([cap]))
@@ -257,8 +257,9 @@ def test_link_book_matches_its_window_rule(b, cap, taken, k):
             used[e] = used.get(e, 0) + 1
     ref = all(sum(used.get(j, 0) for j in range(s, s + b + 1)) + 1 <= cap for s in range(k - b, k + 1))
     assert book.fits(0, k) == ref
-    nxt = book.next_open(0, k)
+    nxt = book.next_fit(0, k)
     assert all(not book.fits(0, e) for e in range(k, nxt))
+    assert book.fits(0, nxt)
 
 
 # ------------------------------------------------------------------ anytime solves

@@ -115,7 +115,7 @@ def _place(book: LinkBook, timing, path: list[int], ready: int, busy: set, key: 
                 if i > 0:
                     busy.add((key, li, ek))
             return epochs
-        k += max(1, book.next_open(li, e) - e)  # offsets are fixed: shift to li's next open epoch
+        k += max(1, book.next_fit(li, e) - e)  # offsets are fixed: shift to li's next epoch with room
 
 
 def reduce_scatter_sends(ag: Schedule, target: Topology) -> tuple[list[Send], dict[tuple[int, int], int]]:

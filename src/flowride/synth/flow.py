@@ -164,7 +164,7 @@ def _place(book: LinkBook, timing: EpochTiming, links: list[int], ready: int, pr
         for li, ek in zip(links, epochs, strict=False):
             book.release(li, ek)
         if start == k:
-            k += max(1, book.next_open(li, e) - e)  # hop offsets are fixed: shift to li's next open epoch
+            k += max(1, book.next_fit(li, e) - e)  # hop offsets are fixed: shift to li's next epoch with room
 
 
 def schedule_paths(

@@ -70,7 +70,7 @@ class GreedyScheduler:
                     self.book.take(li, ek)
                     self.sends.append((ek, li, s, c))
                 return e
-            k += max(1, self.book.next_open(li, e) - e)  # hop offsets are fixed: shift to li's next open epoch
+            k += max(1, self.book.next_fit(li, e) - e)  # hop offsets are fixed: shift to li's next epoch with room
 
     def transfer(self, s: int, c: int, u: int, v: int) -> int:
         """Move chunk (s, c) from GPU u (which holds it) to GPU v along a fewest-epoch path."""
@@ -241,7 +241,7 @@ def retime(topo: Topology, sends: list[Send], made_at: EpochTiming, timing: Epoc
             for lk, ek in placed:
                 book.release(lk, ek)
             bad = tree[len(placed)]
-            k += max(1, book.next_open(bad[0], k + bad[1]) - (k + bad[1]))
+            k += max(1, book.next_fit(bad[0], k + bad[1]) - (k + bad[1]))
         for lk, ek in placed:
             out.append((ek, lk, s, c))
             v = topo.links[lk].dst
