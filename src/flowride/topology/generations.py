@@ -1,0 +1,272 @@
+"""What each kind of link costs per GPU generation, and the builder the importers price links with.
+
+`nvidia-smi topo -m` and NCCL's topology XML say *which* links a machine has (NVLink counts, PCIe
+bridges, host bridges, CPU sockets) but not their bandwidth or latency, so both importers
+(``nvsmi.py``, ``nccl_xml.py``) price every link from one small table per GPU generation. The
+numbers are nominal (datasheet rates, decimal GB/s per direction), not measured; alphas come from
+the built-in presets where those have one (``NVLINK_ALPHA``, the DGX-2 and H100 NVSwitch hops) and
+are stated assumptions otherwise. ``--link-table FILE`` overrides any entry. docs/topology-import.md
+gives the table with its sources.
+
+Link kinds (the table's keys):
+
+- ``nvlink``: one NVLink between two GPUs, per link (an NV2 cell is 2 x this);
+- ``nvswitch``: one NVLink from a GPU into the NVSwitch fabric, per link, alpha per hop;
+- ``pcie``: a x16 PCIe link of the generation (GPU or switch to a PCIe switch or host bridge);
+- ``node``: into a CPU socket (NUMA node) from its host bridges, GPUs or PCIe switches;
+- ``sys``: between CPU sockets (QPI / UPI / xGMI).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import networkx as nx
+
+from flowride.errors import InputError
+from flowride.files import read_json
+from flowride.sizes import MAX_ALPHA_US, MAX_BANDWIDTH_GBPS
+from flowride.topology.builtins import DGX2_NVSWITCH_ALPHA, H100_NVLINK_ALPHA, NVLINK_ALPHA
+from flowride.topology.model import Link, Node, Topology
+
+US = 1e-6
+PCIE_ALPHA = 1.0 * US  # assumed: one PCIe hop (no built-in has one)
+SYS_ALPHA = 1.5 * US  # assumed: a crossing between CPU sockets
+LINK_KINDS = ("nvlink", "nvswitch", "pcie", "node", "sys")
+NVLINK_KINDS = frozenset({"nvlink", "nvswitch"})
+SCALAR_KEYS = ("nvlinks_per_gpu", "nvswitch_copy")
+# compute capability (the XML's sm attribute) -> generation
+SM_GENERATION = {70: "v100", 80: "a100", 90: "h100"}
+
+
+@dataclass(frozen=True)
+class LinkCost:
+    bandwidth_GBps: float  # per direction; per link for nvlink and nvswitch
+    alpha_s: float
+
+    @property
+    def alpha_us(self) -> float:
+        return self.alpha_s * 1e6
+
+
+@dataclass(frozen=True)
+class LinkTable:
+    """One generation's prices: a :class:`LinkCost` per link kind, the NVLinks one GPU has (which
+    tells a bonded direct link from a port into NVSwitch), and whether its NVSwitch replicates."""
+
+    generation: str
+    costs: dict[str, LinkCost]
+    nvlinks_per_gpu: int
+    nvswitch_copy: bool
+
+    def cost(self, kind: str) -> LinkCost:
+        return self.costs[kind]
+
+
+def _table(gen: str, nvswitch_alpha_s: float, links: int, copy: bool, pcie: float, sys: float) -> LinkTable:
+    costs = {
+        "nvlink": LinkCost(25.0, NVLINK_ALPHA),
+        "nvswitch": LinkCost(25.0, nvswitch_alpha_s),
+        "pcie": LinkCost(pcie, PCIE_ALPHA),
+        "node": LinkCost(pcie, PCIE_ALPHA),
+        "sys": LinkCost(sys, SYS_ALPHA),
+    }
+    return LinkTable(gen, costs, links, copy)
+
+
+# NVLink 2/3/4 all run 25 GB/s per link per direction; V100 has 6 links, A100 12, H100 18.
+# PCIe x16 per direction, nominal: gen3 16, gen4 32, gen5 64 GB/s. Inter-socket: nominal.
+# NVSwitch copy: only third-generation NVSwitch (H100, NVLS) replicates, as in the built-ins.
+GENERATIONS: dict[str, LinkTable] = {
+    "v100": _table("v100", DGX2_NVSWITCH_ALPHA, 6, False, pcie=16.0, sys=20.0),
+    "a100": _table("a100", H100_NVLINK_ALPHA, 12, False, pcie=32.0, sys=40.0),
+    "h100": _table("h100", H100_NVLINK_ALPHA, 18, True, pcie=64.0, sys=40.0),
+}
+
+
+def generation_table(name: str) -> LinkTable:
+    """The table of ``name`` (v100, a100, h100); an unknown name lists the known ones."""
+    table = GENERATIONS.get(str(name).lower())
+    if table is None:
+        raise InputError("gpu_generation", f"unknown generation {name!r}", f"use one of {', '.join(GENERATIONS)}")
+    return table
+
+
+def _number(value: object, where: str, lo: float, hi: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(where, f"{value!r} is not a number", f"give {what} in {lo:g}..{hi:g}")
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise InputError(where, f"{value!r} is outside {lo:g}..{hi:g} {what}", f"give {what} in that range")
+    return float(value)
+
+
+def apply_link_table(table: LinkTable, data: object, where: str = "link_table") -> LinkTable:
+    """``table`` with the entries of ``data`` (the parsed ``--link-table`` JSON) replacing its
+    own; keys left out keep the generation's values. Unknown keys and out-of-range numbers are
+    errors naming the key (``where`` prefixes it) and listing the known ones."""
+    if not isinstance(data, dict):
+        raise InputError(where, "is not a JSON object", '{"sys": {"bandwidth_GBps": 30}} overrides one entry')
+    known = (*LINK_KINDS, *SCALAR_KEYS)
+    costs = dict(table.costs)
+    links, copy = table.nvlinks_per_gpu, table.nvswitch_copy
+    for key, value in data.items():
+        at = f"{where}: {key}"
+        if key not in known:
+            raise InputError(at, f"unknown key {key!r}", f"known keys: {', '.join(known)}")
+        if key == "nvlinks_per_gpu":
+            links = int(_number(value, at, 1, 1024, "links"))
+            if links != value:
+                raise InputError(at, f"{value!r} is not a whole number", "give the NVLinks one GPU has, e.g. 18")
+            continue
+        if key == "nvswitch_copy":
+            if not isinstance(value, bool):
+                raise InputError(at, f"{value!r} is not true or false", "true: the NVSwitch replicates (NVLS)")
+            copy = value
+            continue
+        if not isinstance(value, dict):
+            raise InputError(at, "is not an object", f'write "{key}": {{"bandwidth_GBps": 25, "alpha_us": 0.7}}')
+        bad = sorted(set(value) - {"bandwidth_GBps", "alpha_us"})
+        if bad:
+            raise InputError(f"{at}.{bad[0]}", f"unknown key {bad[0]!r}", "known keys: bandwidth_GBps, alpha_us")
+        old = costs[key]
+        bw = _number(value["bandwidth_GBps"], f"{at}.bandwidth_GBps", 1e-3, MAX_BANDWIDTH_GBPS, "GB/s") \
+            if "bandwidth_GBps" in value else old.bandwidth_GBps
+        alpha = _number(value["alpha_us"], f"{at}.alpha_us", 0.0, MAX_ALPHA_US, "microseconds") * US \
+            if "alpha_us" in value else old.alpha_s
+        costs[key] = LinkCost(bw, alpha)
+    return replace(table, costs=costs, nvlinks_per_gpu=links, nvswitch_copy=copy)
+
+
+def load_link_table(table: LinkTable, path: str | Path | None) -> LinkTable:
+    """``table`` with the overrides of the JSON file at ``path`` (none when ``path`` is None)."""
+    if path is None:
+        return table
+    data = read_json(path, "link_table", 'give a JSON file such as {"pcie": {"bandwidth_GBps": 24}}')
+    return apply_link_table(table, data, str(path))
+
+
+@dataclass
+class Fabric:
+    """Nodes and both-way links priced by kind, built into one validated :class:`Topology`.
+
+    GPUs are added first (so their ids are the ranks 0..n-1), switches after. Each link remembers
+    its kind so ``nvlink_only`` can drop everything but NVLink and NVSwitch."""
+
+    table: LinkTable
+    nodes: list[Node] = field(default_factory=list)
+    links: list[tuple[Link, str]] = field(default_factory=list)
+
+    def gpu(self, label: str) -> int:
+        if any(not nd.is_gpu for nd in self.nodes):
+            raise AssertionError("add every GPU before the first switch")
+        self.nodes.append(Node(len(self.nodes), "gpu", group=0, label=label[:200]))
+        return len(self.nodes) - 1
+
+    def switch(self, label: str, copy: bool = False) -> int:
+        self.nodes.append(Node(len(self.nodes), "switch", copy=copy, group=0, label=label[:200]))
+        return len(self.nodes) - 1
+
+    def both(self, a: int, b: int, kind: str, count: float = 1.0, bandwidth: float | None = None,
+             alpha_scale: float = 1.0) -> None:
+        """A link each way between ``a`` and ``b``: ``count`` x the kind's bandwidth unless
+        ``bandwidth`` is given (a PCIe link whose own speed the file states)."""
+        cost = self.table.cost(kind)
+        bw = float(bandwidth) if bandwidth is not None else count * cost.bandwidth_GBps
+        alpha = cost.alpha_s * alpha_scale
+        self.links.append((Link(a, b, bw, alpha), kind))
+        self.links.append((Link(b, a, bw, alpha), kind))
+
+    def join_sockets(self, sockets: list[int]) -> None:
+        """Two sockets: one ``sys`` link each way. Three or more: one inter-socket switch, each
+        hop half the ``sys`` alpha so a socket-to-socket crossing costs one alpha."""
+        if len(sockets) == 2:
+            self.both(sockets[0], sockets[1], "sys")
+        elif len(sockets) > 2:
+            hub = self.switch("inter-socket")
+            for s in sockets:
+                self.both(s, hub, "sys", alpha_scale=0.5)
+
+    def build(self, name: str, description: str, where: str, nvlink_only: bool = False) -> Topology:
+        """The topology; with ``nvlink_only`` only NVLink and NVSwitch links and the switches they
+        touch. A GPU the links leave apart is an error naming it (and ``nvlink_only`` when set)."""
+        nodes, links = list(self.nodes), [lk for lk, _ in self.links]
+        gpus = [nd.id for nd in nodes if nd.is_gpu]
+        if len(gpus) < 2:
+            raise InputError(where, f"describes {len(gpus)} GPU(s)", "a collective needs at least two GPUs")
+        if nvlink_only:
+            links = [lk for lk, kind in self.links if kind in NVLINK_KINDS]
+        g = nx.Graph()
+        g.add_nodes_from(gpus)
+        g.add_edges_from((lk.src, lk.dst) for lk in links)
+        apart = [v for v in gpus if not nx.has_path(g, gpus[0], v)]
+        if apart:
+            a, b = nodes[apart[0]].label, nodes[gpus[0]].label
+            if nvlink_only:
+                raise InputError("nvlink_only", f"NVLink alone does not join {a} to {b}", "leave --nvlink-only out: PCIe and the CPUs then join them")
+            raise InputError(where, f"nothing in the file joins {a} to {b}", "the file must show a way (NVLink or PCIe) between every two GPUs")
+        if nvlink_only:
+            kept = sorted(set(gpus) | {v for lk in links for v in (lk.src, lk.dst)})
+            new = {old: i for i, old in enumerate(kept)}
+            nodes = [replace(nodes[old], id=new[old]) for old in kept]
+            links = [Link(new[lk.src], new[lk.dst], lk.bandwidth_GBps, lk.alpha_s) for lk in links]
+        return Topology(name[:200], tuple(nodes), tuple(links), description=description[:10_000],
+                        params={"generation": self.table.generation, "nvlink_only": nvlink_only})
+
+
+def pcie_lane_GBps(link_speed: str) -> float | None:
+    """Nominal GB/s per lane per direction of a PCIe link speed such as ``"16.0 GT/s PCIe"``
+    (gen1 0.25, gen2 0.5, gen3 1, gen4 2, gen5 4, gen6 8); None when the text names no speed."""
+    head = link_speed.strip().split(" ")[0] if link_speed.strip() else ""
+    try:
+        gts = float(head)
+    except ValueError:
+        return None
+    if not math.isfinite(gts) or gts <= 0:
+        return None
+    # gen1/2 use 8b/10b coding (0.8 useful bits per transfer); gen3+ 128b/130b, rounded to 1
+    return gts * 0.8 / 8 if gts < 8 else gts / 8
+
+
+@dataclass(frozen=True)
+class Imported:
+    """An imported topology and what the importer decided on the way (the generation it guessed,
+    how it modelled NVSwitch and PCIe): the CLI prints ``notes``; the topology's description keeps them."""
+
+    topology: Topology
+    notes: tuple[str, ...]
+
+
+def read_text(path: str | Path, field: str, limit: int, fix: str) -> str:
+    """The UTF-8 text of ``path``, at most ``limit`` bytes; anything else is an InputError on ``field``."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise InputError(field, f"{p} is a directory", fix)
+        with open(p, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise InputError(field, f"cannot read {p}: {e.strerror or e}", fix) from None
+    if len(data) > limit:
+        raise InputError(field, f"{p} is over the {limit >> 20} MiB limit", "give the file the tool wrote, unedited")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(field, f"{p} is not UTF-8 text", fix) from None
+
+
+def choose_table(generation: str | None, guessed: tuple[str, str] | None, link_table: str | Path | None) -> tuple[LinkTable, str]:
+    """The priced table and the note saying where it came from: ``generation`` when given, else
+    the importer's ``guessed`` (name, reason); then ``link_table``'s overrides."""
+    if generation is not None:
+        table = generation_table(generation)
+        note = f"GPU generation {table.generation} (given)"
+    elif guessed is not None:
+        table, note = generation_table(guessed[0]), guessed[1]
+    else:
+        raise AssertionError("a generation or a guess")
+    table = load_link_table(table, link_table)
+    if link_table is not None:
+        note += f"; link table overridden by {link_table}"
+    return table, note
