@@ -25,10 +25,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from flowride.collectives.demand import Collective
-from flowride.errors import InvalidSchedule
+from flowride.errors import InputError, InvalidSchedule
 from flowride.program.model import GpuProgram, Program, Slot, Step, buffer_layout, slot_hazards
 from flowride.schedule.ir import Schedule
 from flowride.schedule.simulate import simulate
+from flowride.topology.group import relay_ranks
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,13 @@ def transfers(schedule: Schedule) -> list[Transfer]:
 
 
 def lower(schedule: Schedule, check: bool = True) -> Program:
-    """Per-GPU programs of a (verified) schedule."""
+    """Per-GPU programs of a (verified) schedule. A process-group schedule that relays through
+    GPUs outside the group is refused: those GPUs would have to run a kernel outside the
+    communicator (:mod:`flowride.topology.group`)."""
+    relays = relay_ranks(schedule.topology)
+    if relays:
+        raise InputError("schedule", f"relays through GPU(s) {', '.join(map(str, relays))} outside the group",
+                         "synthesize with --relay off to export or run")
     if check:
         sim = simulate(schedule)
         if not sim.valid:
