@@ -49,3 +49,116 @@ def format_size(nbytes: float) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.3g}{unit}"
     return f"{nbytes:g}B"
+
+
+# ---- size sweeps (nccl-tests' -b/-e/-f/-i, or --sizes MIN:MAX:xF | MIN:MAX:+STEP | S1,S2,...) ----
+
+MAX_SWEEP_SIZES = 64  # sizes in one sweep: each is a synthesis or a timed run
+_NCCL_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # nccl-tests' parsesize: powers of 1024
+_NCCL_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KkMmGgTt])\s*$")
+_RANGE_OPTIONS = ("-b/--minbytes", "-e/--maxbytes", "-f/--stepfactor", "-i/--stepbytes")
+
+
+def parse_sweep_size(text: str | int, field: str) -> int:
+    """A size as nccl-tests reads it (``8``, ``64K``, ``1G``: a single K, M, G or T letter is a
+    power of 1024, as in nccl-tests' ``parsesize``) or as flowride does (``1KB`` decimal, ``1KiB``)."""
+    m = _NCCL_RE.match(str(text))
+    if m:
+        return parse_size(float(m.group(1)) * _NCCL_UNITS[m.group(2).upper()], field)
+    return parse_size(text, field)
+
+
+def _step_sizes(lo: int, hi: int, factor: float | None, step: int | None) -> list[int]:
+    """lo, then times ``factor`` (or plus ``step``) while at most hi: nccl-tests' loop."""
+    out: list[int] = []
+    x: float = lo
+    while x <= hi and len(out) <= MAX_SWEEP_SIZES:
+        s = int(round(x))
+        if not out or s > out[-1]:
+            out.append(s)
+        x = x * factor if factor else x + step
+    return out
+
+
+def _checked(sizes: list[int], field: str, fix: str) -> list[int]:
+    if len(sizes) > MAX_SWEEP_SIZES:
+        raise InputError(field, f"gives more than {MAX_SWEEP_SIZES} sizes", fix)
+    return sizes
+
+
+def sweep_sizes(minbytes: str | None = None, maxbytes: str | None = None, stepfactor: str | None = None,
+                stepbytes: str | None = None, sizes: str | None = None) -> list[int] | None:
+    """The sizes of a sweep, from nccl-tests' options or flowride's ``--sizes``; None when none was
+    given (a single ``--size`` run). Every error names the option it comes from.
+
+    nccl-tests' meanings: sizes start at ``-b``, are multiplied by ``-f`` (when above 1) or
+    increased by ``-i`` bytes, and stop at ``-e`` (inclusive). Unlike nccl-tests (whose default is
+    ``-i 1M``), no step given means ``-f 2``. ``--sizes`` takes ``MIN:MAX:xF`` (times F),
+    ``MIN:MAX:+STEP`` (plus STEP bytes), ``MIN:MAX`` (times 2) or a comma list ``S1,S2,...``. The
+    result is sorted, without repeats, at most :data:`MAX_SWEEP_SIZES` long."""
+    ranged = any(v is not None for v in (minbytes, maxbytes, stepfactor, stepbytes))
+    if sizes is not None and ranged:
+        raise InputError("--sizes", "is given together with -b/-e/-f/-i", "give either --sizes or nccl-tests' -b/-e/-f (or -i)")
+    if sizes is not None:
+        return parse_size_list(sizes)
+    if not ranged:
+        return None
+    b, e, f, i = _RANGE_OPTIONS
+    if minbytes is None:
+        raise InputError(b, "is missing", "give the smallest size, e.g. -b 8 (nccl-tests' -b)")
+    lo = parse_sweep_size(minbytes, b)
+    hi = lo if maxbytes is None else parse_sweep_size(maxbytes, e)
+    if hi < lo:
+        raise InputError(e, f"{maxbytes} ({hi:,} B) is below -b {minbytes} ({lo:,} B)", "give -e at least -b")
+    factor = step = None
+    if stepfactor is not None:
+        try:
+            factor = float(stepfactor)
+        except ValueError:
+            raise InputError(f, f"{stepfactor!r} is not a number", "give a factor above 1, e.g. -f 2") from None
+        if not (math.isfinite(factor) and factor > 1):
+            if factor == 1 and stepbytes is not None:
+                factor = None  # nccl-tests: -f 1 means "step by -i"
+            else:
+                raise InputError(f, f"{stepfactor} is not above 1", "give a factor above 1, e.g. -f 2, or an additive step -i 1M")
+    if stepbytes is not None:
+        if factor is not None:
+            raise InputError(i, "is given together with -f", "give one step: -f (times) or -i (plus bytes)")
+        step = parse_sweep_size(stepbytes, i)
+    if factor is None and step is None:
+        factor = 2.0
+    return _checked(_step_sizes(lo, hi, factor, step), f"{b} .. {e}",
+                    f"use a larger -f or -i, or a narrower -b .. -e (at most {MAX_SWEEP_SIZES} sizes)")
+
+
+def parse_size_list(text: str, field: str = "--sizes") -> list[int]:
+    """``--sizes``: ``MIN:MAX:xF``, ``MIN:MAX:+STEP``, ``MIN:MAX`` or ``S1,S2,...`` (see :func:`sweep_sizes`)."""
+    text = str(text).strip()
+    fix = "write e.g. 8B:1GB:x2, 1KB:64KB:+1KB or 1KB,4KB,16KB"
+    if not text:
+        raise InputError(field, "is empty", fix)
+    if ":" not in text:
+        got = sorted({parse_sweep_size(p.strip(), field) for p in text.split(",") if p.strip()})
+        if not got:
+            raise InputError(field, f"{text!r} names no size", fix)
+        return _checked(got, field, f"give at most {MAX_SWEEP_SIZES} sizes")
+    parts = text.split(":")
+    if len(parts) not in (2, 3):
+        raise InputError(field, f"{text!r} is not MIN:MAX or MIN:MAX:STEP", fix)
+    lo, hi = parse_sweep_size(parts[0], field), parse_sweep_size(parts[1], field)
+    if hi < lo:
+        raise InputError(field, f"the largest size {parts[1]} is below the smallest {parts[0]}", "write MIN:MAX with MIN <= MAX")
+    factor = step = None
+    how = parts[2].strip().lower() if len(parts) == 3 else "x2"
+    if how[:1] in ("x", "*"):
+        try:
+            factor = float(how[1:])
+        except ValueError:
+            raise InputError(field, f"step {parts[2]!r} is not xF", fix) from None
+        if not (math.isfinite(factor) and factor > 1):
+            raise InputError(field, f"factor {how[1:]} is not above 1", "give a factor above 1, e.g. x2")
+    elif how[:1] == "+":
+        step = parse_sweep_size(how[1:], field)
+    else:
+        raise InputError(field, f"step {parts[2]!r} is neither xF (times) nor +STEP (plus bytes)", fix)
+    return _checked(_step_sizes(lo, hi, factor, step), field, f"use a larger step or a narrower range (at most {MAX_SWEEP_SIZES} sizes)")

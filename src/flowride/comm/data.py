@@ -8,8 +8,9 @@ and offset, so a chunk delivered to the wrong slot, from the wrong rank, or adde
 as a wrong value rather than a coincidental match.
 
 Buffer layout follows :func:`flowride.program.model.buffer_layout` (MSCCL's): C chunks per
-block, N ranks, blocks in rank order; the executor sizes its buffers from the program, so nothing
-here derives the layout again.
+block, N ranks, blocks in rank order; the executor sizes its buffers from the program.
+:func:`expected_chunks` writes out, in numbers, what :func:`flowride.program.model.expected_outputs`
+says symbolically (which chunk, with which contributions, lands in each output slot).
 """
 
 from __future__ import annotations
@@ -83,6 +84,13 @@ def _sum_over_ranks(n: int, chunk: int, elems: int, dtype: torch.dtype) -> torch
     for r in range(n):
         acc += chunk_values(r, chunk, elems, torch.float64)
     return acc.to(dtype)
+
+
+def count_wrong(out: torch.Tensor, coll: Collective, n: int, c: int, rank: int, elems: int) -> int:
+    """Elements of ``out`` (this rank's output buffer) that differ from the collective's
+    definition: nccl-tests' ``#wrong`` for one rank (the run sums it over ranks)."""
+    out = out.detach().to("cpu")
+    return sum(int((out[k * elems:(k + 1) * elems] != want).sum()) for k, _, want in expected_chunks(coll, n, c, rank, elems, out.dtype))
 
 
 def _fmt(x: float) -> str:
