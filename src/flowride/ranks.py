@@ -32,6 +32,22 @@ from datetime import timedelta
 from pathlib import Path
 
 STOP_GRACE_S = 1.0  # SIGTERM, then SIGKILL after this long
+RANK_GROUP_ENV = "FLOWRIDE_RANK_GROUP"  # set in the environment of every rank RankGroup starts
+RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what a torchrun-style launcher gives a rank
+
+
+def launched_as_rank(env: dict[str, str] | None = None) -> bool:
+    """Whether this process is one rank of a run somebody else launched: torchrun (it sets
+    ``TORCHELASTIC_RUN_ID``) or any launcher that exports RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT (a Slurm or MPI script). Then ``flowride run`` and ``flowride train`` run as that
+    rank instead of starting their own. Ranks :class:`RankGroup` starts carry ``FLOWRIDE_RANK_GROUP``
+    and never count: they are flowride's own workers."""
+    env = os.environ if env is None else env
+    if env.get(RANK_GROUP_ENV):
+        return False
+    if env.get("TORCHELASTIC_RUN_ID") and "RANK" in env:
+        return True
+    return all(env.get(k) for k in RANK_ENV)
 
 
 def _load_prctl():
@@ -78,6 +94,19 @@ def tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def leave_process_group() -> None:
+    """Tear down torch.distributed's default process group, if one is up, ignoring errors. A
+    process that exits with gloo's threads still running aborts (SIGABRT), which would hide the
+    exit code it meant to give (a rank of a torchrun run failing with bad input, say)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
 
 
 class JsonLines:
@@ -138,6 +167,7 @@ class RankGroup:
             "RANK": str(rank), "WORLD_SIZE": str(self.world), "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(self.world), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(self.port), "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": str(threads),
+            RANK_GROUP_ENV: "1",
         })
         env.update(extra or {})
         return env

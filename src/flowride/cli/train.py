@@ -1,6 +1,11 @@
 """``flowride train``, ``profile-bubbles`` and ``schedule-show``: pipeline-parallel training (with
 side tasks harvesting its bubbles when asked), parsed into a TrainConfig, run with a progress
-bar, and reported as tables."""
+bar, and reported as tables.
+
+Started by torchrun (``torchrun --nnodes 2 --nproc-per-node 2 ... -m flowride train -p 4``),
+``train`` and ``profile-bubbles`` run as one stage each instead of spawning their own: rank 0
+shows the progress, prints the tables and writes the files; the other ranks print nothing and
+exit with the run's code (docs/pipeline.md, "Several nodes")."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from rich.table import Table
 
 from flowride.argtypes import PORT, integer, number, out_file
 from flowride.cli.common import PIPELINE_OPTIONS, RunFailed, as_options, console, err, train_args
+from flowride.errors import InputError
 from flowride.files import write_json_atomic
 from flowride.sizes import MAX_MICROBATCHES, MAX_STAGES
 
@@ -27,28 +33,42 @@ def _train_config(a: argparse.Namespace, iters: int | None = None):
 
 
 def _run_training(cfg):
+    """The training's result; under torchrun this process is one stage and the result comes back
+    on rank 0 only (None on the other ranks, which show no progress)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from flowride.pipeline.launch import TrainingFailed
-    from flowride.pipeline.trainer import check_profile, train
+    from flowride.pipeline.trainer import check_profile, train, train_as_rank
+    from flowride.ranks import launched_as_rank
 
+    as_rank = launched_as_rank()
     with as_options(**PIPELINE_OPTIONS):
         cfg.validate()  # bad input fails before any progress bar or process starts
     check_profile(cfg)
     with Progress(
         TextColumn("[bold]train[/bold] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
         TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[secs]} s/iter"), TimeElapsedColumn(),
-        console=err, transient=False,
+        console=err, transient=False, disable=as_rank and _rank() != 0,
     ) as prog:
         task = prog.add_task(f"{cfg.schedule} p={cfg.stages} m={cfg.microbatches}", total=cfg.iters, loss="-", secs="-")
 
-        def on_progress(ev: dict) -> None:
-            prog.update(task, completed=ev["iteration"] + 1, loss=f"{ev['loss']:.4f}", secs=f"{ev['seconds']:.3f}")
+        def on_progress(ev: dict) -> None:  # under torchrun rank 0 may hold no last stage: no loss
+            loss = "-" if ev["loss"] is None else f"{ev['loss']:.4f}"
+            prog.update(task, completed=ev["iteration"] + 1, loss=loss, secs=f"{ev['seconds']:.3f}")
 
         try:
+            if as_rank:
+                with as_options(**PIPELINE_OPTIONS):
+                    return train_as_rank(cfg, on_progress)
             return train(cfg, on_progress)
         except TrainingFailed as e:
             raise RunFailed(str(e)) from None
+
+
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
 
 
 def _bubble_table(rep: dict) -> Table:
@@ -65,15 +85,21 @@ def _bubble_table(rep: dict) -> Table:
 
 def cmd_train(a: argparse.Namespace) -> int:
     from flowride.pipeline.timeline import write_png, write_trace
+    from flowride.ranks import launched_as_rank
 
     cfg = _train_config(a)
     tasks = [t.strip() for t in (a.side_tasks or "").split(",") if t.strip()]
     mode = a.harvest.lower()
     side_steps: list[dict] = []
     if tasks and mode != "none":
+        if launched_as_rank():
+            raise InputError("--side-tasks", "needs flowride's own launcher: the harvest manager and its side tasks run "
+                             "beside the stages it starts on one machine", "run without torchrun, or leave out --side-tasks")
         res, rep, side_steps = _train_harvesting(a, cfg, tasks, mode)
     else:
         res = _run_training(cfg)
+        if res is None:  # a rank other than 0 under torchrun: rank 0 reports
+            return 0
         rep = res.report()
         rep["harvest_mode"] = "none"
     if a.report:
@@ -91,7 +117,12 @@ def cmd_train(a: argparse.Namespace) -> int:
         f"theory {rep['bubble_fraction_theory']:.3f}",
         soft_wrap=True,
     )
+    if launched_as_rank():
+        from flowride.clocks import describe
+
+        console.print(describe(rep["clock_offsets"]), soft_wrap=True)
     return 0
+
 
 
 def _train_harvesting(a: argparse.Namespace, cfg, tasks: list[str], mode: str):
@@ -148,6 +179,8 @@ def _harvest_table(rep: dict) -> Table:
 def cmd_profile_bubbles(a: argparse.Namespace) -> int:
     cfg = _train_config(a)
     res = _run_training(cfg)
+    if res is None:  # a rank other than 0 under torchrun: rank 0 writes the profile
+        return 0
     prof = res.profile()
     write_json_atomic(a.out, prof, indent=1)
     console.print(_bubble_table(res.report()))

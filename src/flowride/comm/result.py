@@ -32,6 +32,8 @@ class RunResult:
     ours_s: list[float] = field(default_factory=list)  # per repeat, max over ranks
     torch_s: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    wrong_elements: int = 0  # nccl-tests' #wrong: output elements off the definition, summed over ranks
+    torch_wrong_elements: int = 0  # the same for torch.distributed's output
     backend: str = "gloo"
     device: str = "cpu"
     mode: str = "dataflow"
@@ -39,6 +41,8 @@ class RunResult:
     barrier_per_epoch: bool = False
     dtype: str = "float32"
     wall_s: float | None = None  # launcher: spawn to last exit
+    # per rank: its monotonic clock minus rank 0's, and the bound on that (flowride.clocks)
+    clock_offsets: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -2,11 +2,16 @@
 
 ``train`` returns the report contract (see README): schedule, stages, microbatches,
 iteration_time_s (median after warm-up), losses, bubble_fraction_measured (mean over stages),
-bubble_fraction_theory and bubbles per stage and type.
+bubble_fraction_theory, bubbles per stage and type, and each rank's clock offset to rank 0.
+
+Two ways to a result, one assembly (:func:`assemble`): :func:`train` spawns the stages on this
+machine and reads their ``rank{r}.json``; :func:`train_as_rank` runs in a process torchrun
+started (one node or several) and gets every rank's record over torch.distributed on rank 0.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +22,10 @@ from flowride.errors import InputError
 from flowride.files import read_json
 from flowride.pipeline.bubbles import Gap, analyse, iteration_gaps
 from flowride.pipeline.config import TrainConfig
-from flowride.pipeline.launch import launch
+from flowride.pipeline.launch import TrainingFailed, launch
 from flowride.pipeline.reporter import PROFILE_SCHEMA
 from flowride.pipeline.schedules import theoretical_bubble_fraction
+from flowride.ranks import leave_process_group
 
 
 @dataclass
@@ -62,6 +68,9 @@ class TrainResult:
             "iteration_harvest": a["iteration_harvest"],
             "iteration_windows": a["iteration_windows"],
             "iteration_idle_s": a["iteration_idle_s"],
+            # every timestamp above is on rank 0's clock: each rank's offset and its bound
+            "clock_offsets": [{"rank": r["rank"], "host": r.get("host"), **{k: r["clock"][k] for k in ("offset_s", "error_s", "rtt_s")}}
+                              for r in self.ranks if "clock" in r],
         }
 
     def theory(self) -> float:
@@ -120,8 +129,39 @@ def check_profile(cfg: TrainConfig) -> None:
             raise InputError("--bubble-profile", f"profiled with {key}={prof.get(key)}, run has {getattr(cfg, key)}", "profile this configuration")
 
 
+def assemble(cfg: TrainConfig, ranks: list[dict]) -> TrainResult:
+    """The result of a run from its ranks' records, however they arrived (rank files read by the
+    launcher, or gathered over torch.distributed): every timestamp already on rank 0's clock."""
+    ranks = sorted(ranks, key=lambda r: r["rank"])
+    return TrainResult(cfg, ranks, analyse(ranks, min(cfg.warmup_iters, max(0, cfg.iters - 1))))
+
+
 def train(cfg: TrainConfig, on_progress: Callable[[dict], None] | None = None, **launch_kw) -> TrainResult:
+    """Spawn the stages on this machine (:func:`flowride.pipeline.launch.launch`) and assemble."""
     cfg.validate()
     check_profile(cfg)
-    ranks = launch(cfg, on_progress, **launch_kw)
-    return TrainResult(cfg, ranks, analyse(ranks, min(cfg.warmup_iters, max(0, cfg.iters - 1))))
+    return assemble(cfg, launch(cfg, on_progress, **launch_kw))
+
+
+def train_as_rank(cfg: TrainConfig, on_iteration: Callable[[dict], None] | None = None) -> TrainResult | None:
+    """This process as stage RANK of a run torchrun (or another launcher) started: RANK,
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the environment, WORLD_SIZE must equal
+    ``cfg.stages``. Returns the result on rank 0 and None on the others. ``cfg.run_dir`` is
+    this node's own (its ranks write their records and logs there; nothing reads another
+    node's). A failing rank raises :class:`TrainingFailed` naming itself (its peers fail too,
+    their sends and receives broken)."""
+    from flowride.pipeline.worker import run_rank
+
+    cfg.validate()
+    check_profile(cfg)
+    rank = int(os.environ.get("RANK", "0"))
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        records = run_rank(cfg, on_iteration)
+    except InputError:
+        leave_process_group()
+        raise
+    except Exception as e:
+        leave_process_group()
+        raise TrainingFailed(rank, f"rank {rank} of {os.environ.get('WORLD_SIZE', '?')}: {type(e).__name__}: {e}") from None
+    return None if records is None else assemble(cfg, records)
