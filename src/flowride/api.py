@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from flowride.synth.options import DEFAULT_SPEEDUPS, Speedups, SynthOptions
 from flowride.synth.reach import epoch_distances
 from flowride.synth.result import Progress, SearchResult
 from flowride.synth.trees import synthesize_trees
+from flowride.topology.group import group_info
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming, epoch_timing, resolve_tau
 
@@ -66,6 +67,7 @@ class SynthOutcome:
         return {
             "topology": topo.name,
             "switch_model": switch_model(topo),
+            "group": group_info(topo),  # process group (ranks of the base topology, relay on/off) or None
             "collective": self.demand.collective.value,
             "size_bytes": self.demand.size_bytes,
             "chunks": self.demand.chunks,
@@ -147,16 +149,18 @@ def synthesize(
 
 
 def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: int, chunks: int, opts: SynthOptions,
-                    progress: Progress | None = None) -> SynthOutcome:
+                    progress: Progress | None = None, warm: tuple[Schedule, ...] = ()) -> SynthOutcome:
     """:func:`synthesize` with its options as one :class:`SynthOptions`: build the model (timing,
-    baseline, bounds), search (incumbents, then the method), verify and measure."""
+    baseline, bounds), search (incumbents, then the method), verify and measure. ``warm``: schedules
+    of the same collective on ``topo`` at other sizes (:func:`flowride.sweep.synthesize_sweep`),
+    retimed to this one and offered as incumbents (AllGather, AlltoAll)."""
     clock = _Clock(opts.time_limit)
     opts.check()
     demand = make_demand(topo, collective, size_bytes, chunks)
     opts = opts.for_demand(demand)
     if not demand.collective.reduces:
         inst = _model(topo, demand, opts, clock, progress)
-        found = _search(inst, opts, clock, progress)
+        found = _search(inst, opts, clock, progress, warm)
         return _measure(inst, found, opts, clock)
     return synthesize_reduction(topo, demand, opts, progress, clock)
 
@@ -226,7 +230,7 @@ class _Best:
     hi: int  # its epochs (the baseline's while nothing beat it)
     probes: list
     timed_out: bool = False
-    ladder: list[Retimed] | None = None
+    ladder: list[Retimed] = field(default_factory=list)
 
     def offer(self, sends: list, name: str, epochs: int, always: bool = False) -> None:
         if always or epochs < self.hi:
@@ -240,11 +244,12 @@ class _Found:
     used: str  # the method (or level) that made the schedule
 
 
-def _incumbents(inst: _Instance, opts: SynthOptions, clock: _Clock, progress: Progress | None) -> _Best:
-    """The cheap schedules that cap the search: the packed trees (AllGather), the coarse-to-fine
-    ladder (the slow preset's epochs, retimed), the A* windows (``auto`` AllGather)."""
+def _incumbents(inst: _Instance, opts: SynthOptions, clock: _Clock, progress: Progress | None, warm: tuple = ()) -> _Best:
+    """The cheap schedules that cap the search: the packed trees (AllGather), ``warm`` (other
+    sizes' schedules, retimed), the coarse-to-fine ladder (the slow preset's epochs, retimed), the
+    A* windows (``auto`` AllGather)."""
     demand, method, speedups = inst.demand, opts.method, opts.speedups
-    best = _Best(None, inst.base_name, int(inst.base_sim.epochs), [], ladder=[])
+    best = _Best(None, inst.base_name, int(inst.base_sim.epochs), [])
     lo = inst.lo
     if demand.collective.multicast and (method == "trees" or (method in ("auto", "milp") and speedups.incumbent)):
         # the tree construction is cheap: the method itself, or the incumbent that caps the MILP search
@@ -252,8 +257,15 @@ def _incumbents(inst: _Instance, opts: SynthOptions, clock: _Clock, progress: Pr
         best.probes += trees.probes
         best.timed_out = trees.timed_out and method == "trees"
         best.offer(trees.sends, "trees", trees.T, always=method == "trees")
+    for w in warm if method != "trees" and opts.objective == "makespan" else ():  # like a ladder level (the LP route compares it too)
+        name = str(w.meta.get("method")).removesuffix(WARM_TAG) + WARM_TAG
+        r = retimed(inst.topo, w, make_demand(inst.topo, demand.collective, demand.size_bytes, w.chunks), inst.timing.tau, name)
+        if r is not None:
+            best.ladder.append(r)
+            if r.demand == demand:
+                best.offer(r.sends, r.name, r.epochs)
     if speedups.warm_start and best.hi > lo and method != "trees" and opts.objective == "makespan":
-        best.ladder = coarse_to_fine(inst.topo, demand, inst.timing, opts, clock.left(), progress,
+        best.ladder += coarse_to_fine(inst.topo, demand, inst.timing, opts, clock.left(), progress,
                                      fine_too_large=_fine_too_large(inst.topo, demand, inst.timing, best.hi, inst.D))
         same = [r for r in best.ladder if r.demand == demand]
         if same:
@@ -295,9 +307,9 @@ def _choose(inst: _Instance, best: _Best, opts: SynthOptions, progress: Progress
     return chosen
 
 
-def _search(inst: _Instance, opts: SynthOptions, clock: _Clock, progress: Progress | None) -> _Found:
+def _search(inst: _Instance, opts: SynthOptions, clock: _Clock, progress: Progress | None, warm: tuple = ()) -> _Found:
     """The incumbents, then the chosen method's search capped by them; the best schedule wins."""
-    best = _incumbents(inst, opts, clock, progress)
+    best = _incumbents(inst, opts, clock, progress, warm)
     chosen = _choose(inst, best, opts, progress)
     demand, lo, hi, speedups = inst.demand, inst.lo, best.hi, opts.speedups
     used = chosen
@@ -426,7 +438,10 @@ def coarse_to_fine(topo: Topology, demand: Demand, timing: EpochTiming, opts: Sy
         if time_limit is None:
             budget = LADDER_LEVEL_SECONDS
         else:
-            budget = max(1e-3, min(time_limit * share, time_limit - (time.perf_counter() - t0)))
+            left = time_limit - (time.perf_counter() - t0)
+            if left <= 0:  # the levels are a head start for the fine search, never a reason to overrun
+                break
+            budget = max(1e-3, min(time_limit * share, left))
         if progress:
             progress({"stage": "ladder", "factor": f, "tau": timing.tau * f, "budget": budget})
         try:
@@ -434,19 +449,28 @@ def coarse_to_fine(topo: Topology, demand: Demand, timing: EpochTiming, opts: Sy
             o = synthesize_with(topo, demand.collective, demand.size_bytes, demand.chunks, level)
         except InputError:  # e.g. a MILP refused for memory at this level: the next level may do
             continue
-        d = o.demand
-        fine = epoch_timing(topo, d.chunk_bytes, timing.tau)
-        try:
-            sends = retime(topo, [(x.epoch, x.link, x.source, x.chunk) for x in o.schedule.sends], o.schedule.timing, fine)
-        except ValueError:
-            continue
-        sim = simulate(Schedule.from_tuples(topo, d, timing.tau, sends))
-        if sim.valid:  # retime keeps every rule; the simulator has the last word
-            name = f"{o.schedule.meta.get('method')} at {f:.3g}x epochs, retimed"
-            out.append(Retimed(int(sim.epochs), sends, d, name))
+        r = retimed(topo, o.schedule, o.demand, timing.tau, f"{o.schedule.meta.get('method')} at {f:.3g}x epochs, retimed")
+        if r is not None:
+            out.append(r)
             if progress:
-                progress({"stage": "ladder-done", "factor": f, "epochs": int(sim.epochs), "method": name})
+                progress({"stage": "ladder-done", "factor": f, "epochs": r.epochs, "method": r.name})
     return out
+
+
+WARM_TAG = " (warm start: another size's schedule, retimed)"
+
+
+def retimed(topo: Topology, sched: Schedule, demand: Demand, tau: float, name: str) -> Retimed | None:
+    """``sched`` (made at other epochs, or for another size of the same collective and chunks)
+    replayed for ``demand`` at epochs of ``tau`` (:func:`flowride.synth.greedy.retime`); None
+    where it cannot be (a reduction's sends, which retime does not model)."""
+    fine = epoch_timing(topo, demand.chunk_bytes, tau)
+    try:
+        sends = retime(topo, [(x.epoch, x.link, x.source, x.chunk) for x in sched.sends], sched.timing, fine)
+    except ValueError:
+        return None
+    sim = simulate(Schedule.from_tuples(topo, demand, tau, sends))
+    return Retimed(int(sim.epochs), sends, demand, name) if sim.valid else None  # the simulator has the last word
 
 
 def symmetric(topo: Topology) -> bool:
@@ -490,7 +514,7 @@ def synthesize_reduction(topo: Topology, demand: Demand, opts: SynthOptions, pro
     rev_base = Schedule.from_tuples(rev_topo, rev.demand, timing.tau, baseline_sends(rev_topo, rev.demand, timing)[1], {"method": rev.baseline_name})
     fwd_base = rev_base
     if is_ar and not same:
-        fwd_base = Schedule.from_tuples(topo, fwd.demand, timing.tau, baseline_sends(topo, fwd.demand, timing)[1], {"method": fwd.baseline_name})
+        fwd_base = Schedule.from_tuples(topo, fwd.demand, timing.tau, baseline_sends(topo, fwd.demand, fwd.schedule.timing)[1], {"method": fwd.baseline_name})
     base_sim = simulate(build(rev_base, fwd_base))
     bounds = lower_bounds(topo, demand)
     exact = not is_ar and not topo.switches and rev.status == "optimal" and sim.epochs == rev.sim.epochs

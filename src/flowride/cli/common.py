@@ -91,8 +91,8 @@ def run_command(args: argparse.Namespace) -> int:
         return 1
 
 
-def topology_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--topology", "-t", required=True, help="built-in name (see `flowride topologies`) or a topology JSON file")
+def topology_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--topology", "-t", required=required, help="built-in name (see `flowride topologies`) or a topology JSON file")
     p.add_argument("--chassis", type=integer(1, 64, "chassis"), help="chassis count (ndv2, dgx2, mi250)")
     p.add_argument("--teccl-compat", action="store_true", default=None,
                    help="the published TE-CCL model (ndv2, dgx2): every switch copies and a switch->GPU hop costs only its alpha; "
@@ -105,6 +105,9 @@ def topology_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cols", type=integer(1, MAX_GPUS, "columns"), help="columns (mesh, torus)")
     p.add_argument("--bandwidth", type=number(1e-3, 1e6, what="GB/s"), help="GB/s per link (generic topologies)")
     p.add_argument("--alpha-us", type=number(0, 1e6, what="microseconds"), help="link latency in microseconds (generic topologies)")
+    p.add_argument("--ranks", help="a process group: only these GPUs take part, e.g. 0,2,4,6, 0-3, 0,2,5-7, every:8 or every:8+1")
+    p.add_argument("--relay", choices=("on", "off"), help="with --ranks: whether GPUs outside the group may forward chunks "
+                   "(default off; a schedule that relays cannot be exported or run)")
 
 
 def train_args(p: argparse.ArgumentParser, iters: int) -> None:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from flowride.argtypes import SECONDS, THREADS, integer, number, out_file
 from flowride.cli.common import as_options, console, err, topology_args
+from flowride.cli.sweep import sweep_args, sweep_of, synth_sweep
 from flowride.cli.topology import load_topology
 from flowride.errors import InputError
 from flowride.files import write_json_atomic
@@ -102,6 +103,11 @@ def _result_table(rep: dict) -> Table:
     t.add_column("value", justify="right")
     if rep.get("switch_model", "no switches") != "no switches":
         t.add_row("switch model", rep["switch_model"])
+    if rep.get("group"):
+        g = rep["group"]
+        from flowride.topology.group import format_ranks
+
+        t.add_row("process group", f"ranks {format_ranks(g['ranks'])} of {g['of']}; relay {'on' if g['relay'] else 'off'}")
     t.add_row("finish time", f"{rep['finish_time_us']:.3f} us  ({rep['epochs']} epochs x {rep['epoch_duration_us']:.4g} us)")
     t.add_row("algorithmic bandwidth", f"{rep['algbw_GBps']:.3f} GB/s")
     t.add_row("lower bound", f"{rep['lower_bound_us']:.3f} us ({rep['lower_bound_kind']}); ratio {rep['ratio_to_lower_bound']:.3f}")
@@ -124,10 +130,15 @@ def cmd_synth(a: argparse.Namespace) -> int:
     from flowride.synth.options import parse_speedups
 
     topo = load_topology(a)
-    size = parse_size(a.size, "--size")
     epoch = _epoch(a.epoch)
     with as_options(speedups="--speedups"):
         speedups = parse_speedups(a.speedups)
+    sizes = sweep_of(a)  # --sizes or -b/-e/-f: one synthesis per size (cli/sweep.py)
+    if sizes is not None:
+        return synth_sweep(a, topo, sizes, epoch, speedups)
+    if a.size is None:
+        raise InputError("--size", "is missing", "give --size, or a size sweep with --sizes or -b/-e/-f")
+    size = parse_size(a.size, "--size")
     opts = as_options(chunks="--chunks", time_limit="--time-limit", epoch="--epoch", mip_gap="--mip-gap",
                        threads="--threads", size="--size", collective="--collective", method="--method",
                        objective="--objective")
@@ -196,7 +207,7 @@ def add_synth(sub) -> None:
     s = sub.add_parser("synth", help="synthesize a verified collective schedule")
     topology_args(s)
     s.add_argument("--collective", "-c", default="allgather", help="allgather, alltoall, reducescatter or allreduce")
-    s.add_argument("--size", "-s", required=True, help="buffer per GPU (AllGather output, ReduceScatter input), e.g. 16MB, 1GiB")
+    s.add_argument("--size", "-s", help="buffer per GPU (AllGather output, ReduceScatter input), e.g. 16MB, 1GiB (or a sweep: see below)")
     s.add_argument("--epoch", default="fast", help="epoch length: fast, slow or seconds")
     s.add_argument("--chunks", type=integer(1, MAX_CHUNKS, "chunks"), default=1, help="chunks per source block")
     s.add_argument("--time-limit", type=SECONDS, help="seconds for the whole search; the best schedule so far is returned")
@@ -211,6 +222,7 @@ def add_synth(sub) -> None:
                         "(the published TE-CCL objective: one LP rewarding delivery at epoch t by 1/(t+1))")
     s.add_argument("--out", "-o", type=out_file, help="write the schedule JSON here")
     s.add_argument("--report", type=out_file, help="write the report JSON here")
+    sweep_args(s, "synthesize", synth=True)
     s.set_defaults(func=cmd_synth)
 
 

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from flowride.argtypes import out_file
 from flowride.cli.common import as_options, console, topology_args
+from flowride.errors import InputError
 
 
 def load_topology(a: argparse.Namespace):
@@ -20,7 +21,20 @@ def load_topology(a: argparse.Namespace):
     copy = getattr(a, "switch_copy", None)
     given = [k for k, v in params.items() if v is not None] + ([] if copy is None else ["switch_copy"])
     with as_options(**{k: f"--{k.replace('_', '-')}" for k in given}):
-        return resolve_topology(a.topology, params, None if copy is None else copy == "on")
+        topo = resolve_topology(a.topology, params, None if copy is None else copy == "on")
+    return with_group(topo, getattr(a, "ranks", None), getattr(a, "relay", None))
+
+
+def with_group(topo, ranks: str | None, relay: str | None):
+    """The process group ``--ranks`` names (``--relay``: may non-members forward), or ``topo``."""
+    from flowride.topology.group import select_group
+
+    if ranks is None:
+        if relay is not None:
+            raise InputError("--relay", "applies only to a process group", "add --ranks, e.g. --ranks 0,2,4,6")
+        return topo
+    with as_options(ranks="--ranks", relay="--relay"):
+        return select_group(topo, ranks, relay == "on")
 
 
 def cmd_topologies(a: argparse.Namespace) -> int:
@@ -37,10 +51,48 @@ def cmd_topologies(a: argparse.Namespace) -> int:
     return 0
 
 
+IMPORT_OPTIONS = {"gpu_generation": "--gpu-generation", "link_table": "--link-table", "nvlink_only": "--nvlink-only"}
+
+
+def import_topology(a: argparse.Namespace):
+    """(topology, notes) from --from-nvidia-smi or --from-nccl-xml; the options that shape only a
+    built-in are refused rather than ignored."""
+    from flowride.topology.builtins import TOPOLOGY_PARAMS
+    from flowride.topology.nccl_xml import import_nccl_xml
+    from flowride.topology.nvsmi import import_nvidia_smi
+
+    flag = "--from-nvidia-smi" if a.from_nvidia_smi else "--from-nccl-xml"
+    for k in TOPOLOGY_PARAMS:
+        if getattr(a, k) is not None:
+            raise InputError(f"--{k.replace('_', '-')}", f"does not apply to {flag}", "it shapes a built-in; --link-table prices an imported machine")
+    importer, path = (import_nvidia_smi, a.from_nvidia_smi) if a.from_nvidia_smi else (import_nccl_xml, a.from_nccl_xml)
+    with as_options(from_nvidia_smi="--from-nvidia-smi", from_nccl_xml="--from-nccl-xml", switch_copy="--switch-copy", **IMPORT_OPTIONS):
+        done = importer(path, a.gpu_generation, a.link_table, a.nvlink_only)
+        topo = done.topology
+        if a.switch_copy is not None:
+            if not topo.switches:
+                raise InputError("switch_copy", f"{topo.name} has no switches", "leave --switch-copy out")
+            topo = topo.with_switch_copy(a.switch_copy == "on")
+    return with_group(topo, getattr(a, "ranks", None), getattr(a, "relay", None)), done.notes
+
+
 def cmd_topology(a: argparse.Namespace) -> int:
     from flowride.topology import save_topology
 
-    topo = load_topology(a)
+    given = [f for f, v in (("--topology", a.topology), ("--from-nvidia-smi", a.from_nvidia_smi), ("--from-nccl-xml", a.from_nccl_xml)) if v]
+    if len(given) != 1:
+        raise InputError(given[1] if given else "--topology", f"cannot be given with {given[0]}" if given else "is missing",
+                         "give exactly one of -t/--topology, --from-nvidia-smi, --from-nccl-xml")
+    notes: tuple[str, ...] = ()
+    if a.topology:
+        extra = [flag for k, flag in IMPORT_OPTIONS.items() if getattr(a, k)]
+        if extra:
+            raise InputError(extra[0], "applies only to --from-nvidia-smi and --from-nccl-xml", f"leave it out with -t {a.topology}")
+        topo = load_topology(a)
+    else:
+        topo, notes = import_topology(a)
+    for note in notes:
+        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     if a.out:
         save_topology(topo, a.out)
         console.print(f"{topo.summary()} written to {a.out}")
@@ -55,6 +107,16 @@ def add_topologies(sub) -> None:
     t.set_defaults(func=cmd_topologies)
 
     tp = sub.add_parser("topology", help="build a topology and optionally save it as JSON")
-    topology_args(tp)
+    topology_args(tp, required=False)
     tp.add_argument("--out", "-o", type=out_file, help="write the topology JSON here")
+    tp.add_argument("--from-nvidia-smi", metavar="FILE", help="instead of -t: read the machine from the text `nvidia-smi topo -m` "
+                    "prints (docs/topology-import.md)")
+    tp.add_argument("--from-nccl-xml", metavar="FILE", help="instead of -t: read the machine from NCCL's topology XML "
+                    "(the file NCCL_TOPO_DUMP_FILE writes)")
+    tp.add_argument("--gpu-generation", metavar="GEN", help="with --from-*: v100, a100 or h100, whose link table prices the links "
+                    "(default: guessed from the NV# counts or the XML's sm, and said)")
+    tp.add_argument("--link-table", metavar="FILE", help='with --from-*: a JSON file overriding table entries, '
+                    'e.g. {"sys": {"bandwidth_GBps": 30, "alpha_us": 2}}')
+    tp.add_argument("--nvlink-only", action="store_true", help="with --from-*: keep only NVLink and NVSwitch links "
+                    "(no PCIe switches or CPUs)")
     tp.set_defaults(func=cmd_topology)

@@ -2,7 +2,7 @@
 
 :func:`run_schedule` spawns one process per GPU of a schedule's program on this machine (gloo on
 CPU, NCCL on CUDA), runs it on closed-form data, and compares every rank's output with the
-collective's definition and with torch.distributed's own collective, timing both. The worker
+collective's definition and with torch.distributed's own collective, timing both; :func:`run_sweep` does so at many sizes in one launch, with nccl-tests' columns. The worker
 (``python -m flowride.comm.worker``) also runs under ``torchrun`` across machines.
 :func:`execute_program` runs one rank's steps inside a process group the caller set up.
 """
@@ -17,12 +17,14 @@ from flowride.comm.serialize import (
     save_program,
     structural_problems,
 )
+from flowride.comm.sweep import SizeRow, run_sweep
 
 __all__ = [
     "CommError",
     "CommFailed",
     "ProgramExecutor",
     "RunResult",
+    "SizeRow",
     "as_program",
     "execute_program",
     "load_program",
@@ -30,6 +32,7 @@ __all__ = [
     "program_to_dict",
     "run_schedule",
     "run_schedules",
+    "run_sweep",
     "save_program",
     "structural_problems",
 ]
