@@ -14,12 +14,12 @@ import json
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from tests.clirun import assert_clean_error, cli
 from tests.test_reductions import topologies
 
+from clirun import assert_clean_error, cli
 from flowride.api import synthesize
 from flowride.errors import InputError
-from flowride.program import lower, write_msccl
+from flowride.program import check_program, lower, read_msccl, write_msccl
 from flowride.schedule.ir import Schedule, load_schedule
 from flowride.synth.reach import epoch_distances
 from flowride.topology import dgx1, ndv2, ring, save_topology, switch
@@ -244,6 +244,22 @@ def test_lower_refuses_relays_accepts_relay_off(tmp_path):
     prog = lower(off)
     assert prog.ngpus == 3
     write_msccl(prog, tmp_path / "off.xml")
+    back = read_msccl(tmp_path / "off.xml")
+    assert back.ngpus == 3 and check_program(back) == []
+
+
+def test_relays_allowed_but_unused_are_no_reason_to_refuse(tmp_path):
+    """dgx1's quad 0-3 is linked within itself: with relays allowed the schedule uses none, so
+    it exports and runs like a relay-off one; the report names the relays all the same."""
+    out = synthesize(select_group(dgx1(), "0-3", relay=True), "allgather", MB)
+    links = out.schedule.topology.links
+    touched = {v for s in out.schedule.sends for v in (links[s.link].src, links[s.link].dst)}
+    assert not relay_ranks(out.schedule.topology, touched), "the quad needs no relay for an AllGather"
+    prog = lower(out.schedule)
+    assert prog.ngpus == 4
+    write_msccl(prog, tmp_path / "q.xml")
+    assert check_program(read_msccl(tmp_path / "q.xml")) == []
+    assert out.report()["switch_model"].endswith("relays outside the group")
 
 
 def test_cli_export_run_refusal_and_relay_off_export(tmp_path):

@@ -323,3 +323,5 @@ def test_cli_errors_are_one_line(tmp_path):
     table.write_text('{"syss": {}}')
     assert_clean_error(cli("topology", "--from-nccl-xml", DGX1_XML, "--link-table", table), 2, "'syss'", "known keys")
     assert_clean_error(cli("topology", "--from-nccl-xml", DGX1_XML, "--gpu-generation", "p100"), 2, "--gpu-generation", "v100, a100, h100")
+    # --switch-copy would make PCIe switches and CPU sockets replicate: refused, pointing at the link table
+    assert_clean_error(cli("topology", "--from-nccl-xml", DGX1_XML, "--switch-copy", "on"), 2, "--switch-copy", "nvswitch_copy")

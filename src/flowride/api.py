@@ -36,7 +36,7 @@ from flowride.synth.options import DEFAULT_SPEEDUPS, Speedups, SynthOptions
 from flowride.synth.reach import epoch_distances
 from flowride.synth.result import Progress, SearchResult
 from flowride.synth.trees import synthesize_trees
-from flowride.topology.group import group_info
+from flowride.topology.group import group_info, relay_nodes
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming, epoch_timing, resolve_tau
 
@@ -104,8 +104,10 @@ def switch_model(topo: Topology) -> str:
     mixed, or none."""
     if topo.teccl_compat:
         return "published (teccl_compat)"
-    kinds = {topo.nodes[w].copy for w in topo.switches}
-    return {frozenset(): "no switches", frozenset({True}): "copy", frozenset({False}): "forward"}.get(frozenset(kinds), "mixed")
+    relays = set(relay_nodes(topo))  # GPUs outside a process group, forwarding: not switches of the machine
+    kinds = {topo.nodes[w].copy for w in topo.switches if w not in relays}
+    model = {frozenset(): "no switches", frozenset({True}): "copy", frozenset({False}): "forward"}.get(frozenset(kinds), "mixed")
+    return model + ("; relays outside the group" if relays else "")
 
 
 def _peak_rss_mb() -> float:

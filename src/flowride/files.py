@@ -58,24 +58,29 @@ def parse_json_text(text: str, field: str, where: str = "") -> Any:
         raise InputError(field, f"{where} nests too deeply to be a flowride file", "fix the file") from None
 
 
-def read_json(path: str | Path, field: str, fix: str) -> Any:
-    """Parsed JSON of ``path``; an unreadable, oversized, too deep or bad JSON file is an
-    InputError on ``field``."""
+def read_text(path: str | Path, field: str, fix: str, limit: int = MAX_JSON_BYTES, too_big_fix: str = "give a smaller file") -> str:
+    """The UTF-8 text of ``path``, read up to ``limit`` bytes (a pipe or /dev/zero has no size to
+    stat); a directory, an unreadable, oversized or not-UTF-8 file is an InputError on ``field``."""
     p = Path(path)
     try:
         if p.is_dir():
             raise InputError(field, f"{p} is a directory", fix)
-        with open(p, "rb") as f:  # read at most the limit: a pipe or /dev/zero has no size to stat
-            data = f.read(MAX_JSON_BYTES + 1)
+        with open(p, "rb") as f:
+            data = f.read(limit + 1)
     except OSError as e:
         raise InputError(field, f"cannot read {p}: {e.strerror or e}", fix) from None
-    if len(data) > MAX_JSON_BYTES:
-        raise InputError(field, f"{p} is over the {MAX_JSON_BYTES >> 20} MiB limit", "give a smaller file")
+    if len(data) > limit:
+        raise InputError(field, f"{p} is over the {limit >> 20} MiB limit", too_big_fix)
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(field, f"{p} is not UTF-8 text", fix) from None
-    return parse_json_text(text, field, str(p))
+
+
+def read_json(path: str | Path, field: str, fix: str) -> Any:
+    """Parsed JSON of ``path``; an unreadable, oversized, too deep or bad JSON file is an
+    InputError on ``field``."""
+    return parse_json_text(read_text(path, field, fix), field, str(Path(path)))
 
 
 @contextmanager

@@ -69,10 +69,9 @@ def import_topology(a: argparse.Namespace):
     with as_options(from_nvidia_smi="--from-nvidia-smi", from_nccl_xml="--from-nccl-xml", switch_copy="--switch-copy", **IMPORT_OPTIONS):
         done = importer(path, a.gpu_generation, a.link_table, a.nvlink_only)
         topo = done.topology
-        if a.switch_copy is not None:
-            if not topo.switches:
-                raise InputError("switch_copy", f"{topo.name} has no switches", "leave --switch-copy out")
-            topo = topo.with_switch_copy(a.switch_copy == "on")
+        if a.switch_copy is not None:  # it would set PCIe switches and CPU sockets too, which never replicate
+            raise InputError("switch_copy", f"would make every switch of {topo.name} copy, PCIe switches and CPU sockets included",
+                             'let only the NVSwitch copy with {"nvswitch_copy": true} in --link-table')
     return with_group(topo, getattr(a, "ranks", None), getattr(a, "relay", None)), done.notes
 
 

@@ -79,10 +79,12 @@ def transfers(schedule: Schedule) -> list[Transfer]:
 
 
 def lower(schedule: Schedule, check: bool = True) -> Program:
-    """Per-GPU programs of a (verified) schedule. A process-group schedule that relays through
+    """Per-GPU programs of a (verified) schedule. A process-group schedule whose sends go through
     GPUs outside the group is refused: those GPUs would have to run a kernel outside the
-    communicator (:mod:`flowride.topology.group`)."""
-    relays = relay_ranks(schedule.topology)
+    communicator (:mod:`flowride.topology.group`). One synthesized with relays allowed that uses
+    none is lowered like any other."""
+    links = schedule.topology.links
+    relays = relay_ranks(schedule.topology, {v for s in schedule.sends for v in (links[s.link].src, links[s.link].dst)})
     if relays:
         raise InputError("schedule", f"relays through GPU(s) {', '.join(map(str, relays))} outside the group",
                          "synthesize with --relay off to export or run")

@@ -229,6 +229,9 @@ def pcie_lane_GBps(link_speed: str) -> float | None:
     return gts * 0.8 / 8 if gts < 8 else gts / 8
 
 
+TOO_BIG = "give the file the tool wrote, unedited"  # an import file over its size limit
+
+
 @dataclass(frozen=True)
 class Imported:
     """An imported topology and what the importer decided on the way (the generation it guessed,
@@ -237,23 +240,6 @@ class Imported:
     topology: Topology
     notes: tuple[str, ...]
 
-
-def read_text(path: str | Path, field: str, limit: int, fix: str) -> str:
-    """The UTF-8 text of ``path``, at most ``limit`` bytes; anything else is an InputError on ``field``."""
-    p = Path(path)
-    try:
-        if p.is_dir():
-            raise InputError(field, f"{p} is a directory", fix)
-        with open(p, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError as e:
-        raise InputError(field, f"cannot read {p}: {e.strerror or e}", fix) from None
-    if len(data) > limit:
-        raise InputError(field, f"{p} is over the {limit >> 20} MiB limit", "give the file the tool wrote, unedited")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(field, f"{p} is not UTF-8 text", fix) from None
 
 
 def choose_table(generation: str | None, guessed: tuple[str, str] | None, link_table: str | Path | None) -> tuple[LinkTable, str]:
@@ -269,4 +255,5 @@ def choose_table(generation: str | None, guessed: tuple[str, str] | None, link_t
     table = load_link_table(table, link_table)
     if link_table is not None:
         note += f"; link table overridden by {link_table}"
+    note += "; link prices are nominal datasheet values, not measured (docs/topology-import.md)"
     return table, note

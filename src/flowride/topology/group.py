@@ -76,6 +76,9 @@ def parse_group(text: str, ngpus: int) -> tuple[int, ...]:
             a, b = int(m[1]), int(m[2])
             if a > b:
                 raise InputError("ranks", f"{tok!r} runs backwards", f"write {b}-{a}")
+            if b >= ngpus:  # before the list is built: 0-9999999 would take hundreds of MB first
+                raise InputError("ranks", f"{tok!r}: rank {max(a, ngpus)} is outside 0..{ngpus - 1} (the topology has {ngpus} GPUs)",
+                                 f"give ranks below {ngpus}")
             ranks = list(range(a, b + 1))
         elif re.fullmatch(_INT, tok):
             ranks = [int(tok)]
@@ -223,15 +226,21 @@ def group_info(topo: Topology) -> dict | None:
     return None if info is None else {"of": info["of"], "ranks": list(info["ranks"]), "relay": bool(info["relay"])}
 
 
-def relay_ranks(topo: Topology) -> tuple[int, ...]:
-    """Ranks (in the base topology) of the GPUs outside the group that relay in ``topo``, read
-    from the relay nodes' labels so it holds for a topology read back from JSON too."""
+def relay_nodes(topo: Topology) -> tuple[int, ...]:
+    """Node ids of ``topo``'s relay nodes (both halves of every relaying GPU)."""
+    return tuple(nd.id for nd in topo.nodes if not nd.is_gpu and nd.label.startswith(RELAY_LABEL))
+
+
+def relay_ranks(topo: Topology, nodes=None) -> tuple[int, ...]:
+    """Ranks (in the base topology) of the GPUs outside the group that relay in ``topo`` (among
+    ``nodes``, node ids, when given: e.g. the nodes a schedule's sends touch), read from the relay
+    nodes' labels so it holds for a topology read back from JSON too."""
     out: set[int] = set()
-    for nd in topo.nodes:
+    for nd in topo.nodes if nodes is None else (topo.nodes[v] for v in nodes):
         if not nd.is_gpu and nd.label.startswith(RELAY_LABEL):
             rank = nd.label[len(RELAY_LABEL):].split(":", 1)[0]
             out.add(int(rank) if rank.isdigit() else -1)
     return tuple(sorted(out))
 
 
-__all__ = ["format_ranks", "group_info", "group_topology", "parse_group", "relay_ranks", "select_group"]
+__all__ = ["format_ranks", "group_info", "group_topology", "parse_group", "relay_nodes", "relay_ranks", "select_group"]

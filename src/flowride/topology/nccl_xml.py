@@ -25,15 +25,16 @@ from pathlib import Path
 from xml.parsers import expat
 
 from flowride.errors import InputError
+from flowride.files import read_text
 from flowride.sizes import MAX_GPUS
 from flowride.topology.generations import (
     SM_GENERATION,
+    TOO_BIG,
     Fabric,
     Imported,
     LinkTable,
     choose_table,
     pcie_lane_GBps,
-    read_text,
 )
 
 MAX_XML = 16 * 2**20
@@ -257,7 +258,7 @@ def import_nccl_xml(path: str | Path, generation: str | None = None, link_table:
 
     ``generation`` (v100, a100, h100) picks the link prices, guessed from the GPUs' ``sm`` when
     None; ``link_table`` is a JSON file overriding entries; ``nvlink_only`` keeps only NVLink."""
-    text = read_text(path, "from_nccl_xml", MAX_XML, FIX)
+    text = read_text(path, "from_nccl_xml", FIX, MAX_XML, TOO_BIG)
     system = parse_xml(text, str(path))
     gpus = _gpus(system, str(path))
     table, gen_note = choose_table(generation, None if generation else _guess(gpus, str(path)), link_table)

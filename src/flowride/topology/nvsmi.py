@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowride.errors import InputError
+from flowride.files import read_text
 from flowride.topology.generations import (
     GENERATIONS,
+    TOO_BIG,
     Fabric,
     Imported,
     LinkTable,
     choose_table,
-    read_text,
 )
 
 LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # closest to farthest
@@ -332,7 +333,7 @@ def import_nvidia_smi(path: str | Path, generation: str | None = None, link_tabl
 
     ``generation`` (v100, a100, h100) picks the link prices, guessed from the NV counts when
     None; ``link_table`` is a JSON file overriding entries; ``nvlink_only`` keeps only NVLink."""
-    text = read_text(path, "from_nvidia_smi", MAX_TEXT, "give the text `nvidia-smi topo -m` prints")
+    text = read_text(path, "from_nvidia_smi", "give the text `nvidia-smi topo -m` prints", MAX_TEXT, TOO_BIG)
     m = parse_matrix(text, str(path))
     table, gen_note = choose_table(generation, None if generation else guess_generation(m), link_table)
     notes = [gen_note]
