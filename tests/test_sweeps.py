@@ -4,7 +4,9 @@ The size-range parser (nccl-tests' -b/-e/-f/-i and --sizes), nccl-tests' bus-ban
 and size/count conventions, #wrong counted element by element, warm-started synthesis sweeps that
 never end with more epochs than cold ones, and range exports whose XMLs tile the sizes without gap
 or overlap, pass the executor-rule check and say in their attributes what ranges.json says. The
-CLI is driven end to end: ``synth`` then ``run -b/-e/-f --json``, ``synth --sizes``, ``export``.
+CLI is driven end to end: ``synth`` then ``run -b/-e/-f --json``, ``synth --sizes``, ``export``; and the review fixes:
+empty lists refused, plain tables when piped, ranges split on --max-loss, stale XMLs and relays refused up
+front, swept sizes that pass both executor chunking rules, ReduceScatter/AlltoAll/AllReduce exports.
 """
 
 from __future__ import annotations
@@ -32,7 +34,15 @@ from flowride.schedule.metrics import (
     redop,
     run_bytes,
 )
-from flowride.sweep import nccl_protocol, plan_ranges, synthesize_sweep, write_ranges
+from flowride.sweep import (
+    export_unit,
+    nccl_protocol,
+    plan_ranges,
+    split_by_loss,
+    synthesize_sweep,
+    write_ranges,
+)
+from flowride.synth.options import SynthOptions
 from flowride.topology.builtins import dgx1, ring
 from flowride.units import MAX_SWEEP_SIZES, parse_size_list, parse_sweep_size, sweep_sizes
 
@@ -222,8 +232,14 @@ def test_cli_run_sweep_prints_nccl_tests_rows(tmp_path):
         for who in ("", "torch_"):
             assert x[f"{who}algbw_GBps"] == pytest.approx(x["size"] / (x[f"{who}time_us"] * 1e-6) / 1e9)
             assert x[f"{who}busbw_GBps"] == pytest.approx(x[f"{who}algbw_GBps"] * 3 / 4)
-    r = cli("run", sched, "--sizes", "4KB,16KB", "--repeats", "1", timeout=150)  # the table
-    assert r.code == 0 and "#wrong" in r.out and "torch.distributed" in r.out and "busbw" in r.out, r.out
+    r = cli("run", sched, "--sizes", "4KB,16KB", "--repeats", "1", timeout=150, env={"COLUMNS": "80"})  # the table, piped
+    assert r.code == 0 and "…" not in r.out, r.out
+    heads = [ln.split() for ln in r.out.splitlines() if ln.startswith("#")]
+    assert heads[2][1:] == ["size", "count", "type", "redop"] + ["time", "algbw", "busbw", "#wrong"] * 2, heads
+    assert "flowride" in heads[1] and "torch.distributed" in heads[1] and "CPU" in heads[0]
+    rows = [ln.split() for ln in r.out.splitlines() if ln.startswith("  ")]
+    assert [x[:4] for x in rows] == [["4000", "250", "float", "none"], ["16000", "1000", "float", "none"]]
+    assert all(len(x) == 12 and x[7] == "0" and x[11] == "0" for x in rows), rows
 
 
 def test_cli_synth_sweep(tmp_path):
@@ -251,3 +267,185 @@ def test_cli_export_ranges(tmp_path):
     assert_clean_error(cli("export", "-t", "ring", "--n", "4", "--sizes", "1KB:4KB"), 2, "--out-dir")
     assert_clean_error(cli("export", "-t", "ring", "--n", "4", "--sizes", "1KB:4KB", "--out-dir", tmp_path, "--chunk-options", "0"),
                        2, "--chunk-options")
+
+
+# ---- review fixes: empty lists, plain tables, loss-bounded ranges, stale XMLs, relays, executor rules ----
+
+def test_plan_ranges_refuses_empty_lists():
+    for kw, field in (({"epochs": ()}, "epochs"), ({"chunk_options": ()}, "chunks"), ({"max_loss": 0.9}, "max_loss")):
+        with pytest.raises(InputError) as e:
+            plan_ranges(ring(4), "allgather", [4000], **kw)
+        assert e.value.field == field and e.value.fix
+
+
+@pytest.mark.parametrize("args, option", [
+    (("--epochs", ","), "--epochs"),
+    (("--epochs", ""), "--epochs"),
+    (("--chunk-options", ","), "--chunk-options"),
+    (("-c", "broadcast"), "--collective"),
+    (("--max-loss", "0.5"), "--max-loss"),
+])
+def test_cli_export_refuses_bad_lists_cleanly(tmp_path, args, option):
+    r = cli("export", "-t", "ring", "--n", "4", "--sizes", "1KB", "--out-dir", tmp_path / "x", *args)
+    assert_clean_error(r, 2, option, within=20)
+    assert not (tmp_path / "x" / "xml").exists()
+
+
+@given(count=st.integers(1, 9), seed=st.integers(0, 2**32 - 1), max_loss=st.floats(1.0, 1.5))
+def test_split_by_loss_keeps_every_size_within_the_tolerance(count, seed, max_loss):
+    """Whatever the losses, the runs tile 0..count-1 in order, each served by one of its own
+    members, and that member's loss at every member of its run is at most max_loss; a run ends
+    only where no member could serve it grown by one."""
+    import random
+
+    rnd = random.Random(seed)
+    table = {(j, i): (1.0 if i == j else rnd.choice([1.0, 1.0 + rnd.random() * 0.6, math.inf])) for j in range(count) for i in range(count)}
+    runs = split_by_loss(count, lambda j, i: table[(j, i)], max_loss)
+    assert [a for a, *_ in runs] == [0] + [b + 1 for _, b, *_ in runs[:-1]] and runs[-1][1] == count - 1
+    for a, b, j, worst in runs:
+        assert a <= j <= b
+        losses = [table[(j, i)] for i in range(a, b + 1)]
+        assert max(losses) == pytest.approx(worst) and worst <= max_loss * (1 + 1e-9)
+    for (a, b, *_), _next in zip(runs, runs[1:], strict=False):  # greedy: growing the run by one would break it
+        assert not any(all(table[(j, i)] <= max_loss for i in range(a, b + 2)) for j in range(a, b + 2))
+
+
+def test_range_schedules_are_within_max_loss_at_every_size():
+    """One candidate and one protocol on dgx1, so merging on the pick alone puts every size in one
+    range, whose schedule is more than 2% slower at some size (the old behaviour); split on loss,
+    the written schedule, retimed to each size of its range, is within max_loss of that size's own."""
+    from flowride.api import retimed
+    from flowride.collectives.demand import make_demand
+
+    topo, sizes = dgx1(), [128000, 256000, 512000, 1024000]
+    loose = plan_ranges(topo, "allgather", sizes, chunk_options=(4,), proto="LL", max_loss=100)
+    assert len(loose.ranges) == 1 and loose.ranges[0].worst_loss > 1.02
+    plan = plan_ranges(topo, "allgather", sizes, chunk_options=(4,), proto="LL", max_loss=1.02)
+    own = {p.size: p.point.outcome for p in plan.picks}
+    assert len(plan.ranges) > 1 and [s for r in plan.ranges for s in r.sizes] == sizes
+    for r in plan.ranges:
+        assert r.worst_loss <= 1.02 and r.from_size in r.sizes
+        for s in r.sizes:
+            o = own[s]
+            got = retimed(topo, r.schedule, make_demand(topo, "allgather", s, r.schedule.chunks), o.schedule.tau, "")
+            assert got is not None and got.epochs * o.schedule.tau <= 1.02 * o.finish_time_s * (1 + 1e-9), (r.sizes, s)
+
+
+def _executor_rules_hold(rj: dict) -> None:
+    """Both of the executor's chunking tests at every swept size: the older count % nchunksperloop
+    (count per rank) and the newer (count * sizeMultiplier) % nchunksperloop."""
+    n, coll = rj["gpus"], Collective.parse(rj["collective"])
+    mult = 1 if coll is Collective.ALLREDUCE else n
+    for r in rj["ranges"]:
+        loop = r["chunks"] * n
+        for s in r["sizes"]:
+            count = s // 4 // mult
+            assert s % 4 == 0 and count % loop == 0 and (count * mult) % loop == 0, (s, count, loop)
+
+
+@pytest.mark.parametrize("coll", ["reducescatter", "alltoall", "allreduce"])
+def test_range_export_other_collectives(tmp_path, coll):
+    plan = plan_ranges(ring(4), coll, [1000, 64000, 2_000_000], chunk_options=(1, 2), opts=SynthOptions(time_limit=5.0))
+    write_ranges(plan, tmp_path)
+    ranges = _check_ranges(tmp_path, plan)
+    assert sum(len(r["sizes"]) for r in ranges) == 3
+    rj = json.loads((tmp_path / "ranges.json").read_text())
+    _executor_rules_hold(rj)
+    assert all(r["worst_loss"] <= rj["max_loss"] for r in ranges)
+
+
+def test_export_sizes_pass_both_executor_rules():
+    # dgx1, chunks 1,2,4: 1KB rounded to n*C elements gave 896 B, per-rank count 28, which the older rule refuses for 32
+    assert run_bytes(1000, 8, export_unit("allgather", 8, 4)) == 1024
+    assert export_unit("allreduce", 8, 4) == 4 and export_unit("alltoall", 8, 4) == 32
+    plan = plan_ranges(ring(4), "allgather", [1000, 5000], chunk_options=(1, 2, 4))
+    _executor_rules_hold(plan.as_dict())
+
+
+def test_cli_export_refuses_stale_xml_then_cleans(tmp_path):
+    out = tmp_path / "algos"
+    base = ("export", "-t", "ring", "--n", "4", "-c", "allgather", "--chunk-options", "1,2", "--out-dir", out)
+    r = cli(*base, "--sizes", "1KB,1MB")
+    assert r.code == 0, r.err
+    first = sorted(p.name for p in (out / "xml").iterdir())
+    line = assert_clean_error(cli(*base, "--sizes", "4KB,4MB"), 2, "--out-dir", first[0], "--clean", within=20)
+    assert "xml" in line
+    assert sorted(p.name for p in (out / "xml").iterdir()) == first  # nothing touched
+    r = cli(*base, "--sizes", "4KB,4MB", "--clean")
+    assert r.code == 0, r.err
+    ranges = _check_ranges(out)  # only the new XMLs are left in xml/
+    assert [s for rg in ranges for s in rg["sizes"]] == [3968, 4000000]
+    (out / "xml" / "notes.txt").write_text("mine")
+    assert_clean_error(cli(*base, "--sizes", "4KB", "--clean"), 2, "--out-dir", "notes.txt", within=20)
+    assert (out / "xml" / "notes.txt").exists() and len(list((out / "xml").glob("*.xml"))) == len(ranges)
+
+
+def test_cli_export_refuses_relays_up_front(tmp_path):
+    # ranks 0 and 2 of a 4-ring are not linked: with --relay on, GPUs 1 and 3 forward
+    r = cli("export", "-t", "ring", "--n", "4", "--ranks", "0,2", "--relay", "on", "--sizes", "1KB,1MB", "--out-dir", tmp_path)
+    assert_clean_error(r, 2, "--relay", "export needs --relay off", within=20)
+    assert not (tmp_path / "xml").exists()
+
+
+def test_cli_sweep_tables_are_whole_when_piped(tmp_path):
+    """stdout is a pipe (not a terminal), at 80 columns: nccl-tests' plain layout, every header
+    and every size intact, one line per size."""
+    narrow = {"COLUMNS": "80"}
+    r = cli("synth", "-t", "ring", "--n", "4", "-c", "reducescatter", "--sizes", "1KB,64KB,4MB", env=narrow)
+    assert r.code == 0, r.err
+    assert "…" not in r.out and "warm start: off (reductions run cold)" in r.out
+    heads = " ".join(ln for ln in r.out.splitlines() if ln.startswith("#"))
+    for h in ("size", "(B)", "count", "(elements)", "type", "redop", "modelled", "time", "(us)", "algbw", "busbw", "synthesis", "bound",
+              "ratio", "epochs", "chunks", "method", "status"):
+        assert h in heads.split(), h
+    rows = [ln.split() for ln in r.out.splitlines() if ln.startswith("  ")]
+    assert [row[0] for row in rows] == ["992", "64000", "4000000"]
+    for row in rows:
+        assert row[1] == str(int(row[0]) // 16) and row[2:4] == ["float", "sum"] and len(row) >= 13
+    r = cli("export", "-t", "ring", "--n", "4", "--chunk-options", "1", "--sizes", "1KB,4MB", "--out-dir", tmp_path, env=narrow)
+    assert r.code == 0, r.err
+    assert "…" not in r.out
+    for h in ("minBytes", "maxBytes", "file", "chunks", "epochs", "protocol", "swept sizes", "worst loss"):
+        assert h in r.out, h
+    assert "allgather_4gpus_0-3999999.xml" in r.out and "3.94MB" not in r.out.replace("4MB", "")
+
+
+def test_cli_synth_refuses_size_with_a_sweep():
+    assert_clean_error(cli("synth", "-t", "ring", "--n", "4", "-s", "64MB", "--sizes", "1KB,2KB"), 2, "--size", "sweep", within=20)
+
+
+def test_cli_run_memory_error_names_the_option_used(tmp_path):
+    sched = tmp_path / "ring4.json"
+    assert cli("synth", "-t", "ring", "--n", "4", "-c", "allgather", "-s", "64KB", "-o", sched).code == 0
+    assert_clean_error(cli("run", sched, "-b", "1K", "-e", "1T", "-f", "32"), 2, "-e/--maxbytes", "bytes per rank need", within=30)
+    assert_clean_error(cli("run", sched, "-b", "1T"), 2, "-b/--minbytes", within=30)
+    assert_clean_error(cli("run", sched, "--sizes", "1KB,1T"), 2, "--sizes", within=30)
+
+
+def test_run_result_algbw_is_the_metrics_one():
+    from flowride.comm.result import RunResult
+
+    res = RunResult("allgather", 4, "p", 1000, 992, 62, 1, 62, 1, 0, ours_s=[2e-6])
+    assert res.report()["algbw_GBps"] == algbw_GBps(992, 2e-6) and res.algbw_GBps(None) is None
+
+
+def test_sweep_table_both_forms():
+    import io
+
+    from rich.console import Console
+
+    from flowride.cli import export as cli_export
+    from flowride.cli.sweep import SweepTable
+    from flowride.sweep import DEFAULT_MAX_LOSS
+
+    assert cli_export.DEFAULT_MAX_LOSS == DEFAULT_MAX_LOSS  # the parser's default is the library's
+    t = SweepTable("t [x]", [("", "size", "(B)"), ("", "type", ""), ("ours", "time", "(us)"), ("ours", "#wrong", "")])
+    t.add_row(123456789, "float", "1.50", 0)
+    t.add_row(8, "float", "N/A", 3)
+    lines = t.plain().splitlines()
+    assert lines[0] == "# t [x]" and lines[1].split() == ["#", "ours"] and lines[2].split() == ["#", "size", "type", "time", "#wrong"]
+    assert lines[4] == "  123456789  float  1.50       0" and lines[5] == "          8  float   N/A       3"
+    buf = io.StringIO()
+    Console(file=buf, width=200, force_terminal=True, color_system=None).print(t.rich())
+    out = buf.getvalue()
+    assert "t [x]" in out and "123456789" in out and "#wrong" in out and "ours" in out

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import argparse
 
-from flowride.argtypes import SECONDS, out_dir, out_file
+from flowride.argtypes import SECONDS, number, out_dir, out_file
 from flowride.cli.common import as_options, console, err, topology_args
 from flowride.cli.sweep import SweepView, ranges_table, sweep_args, sweep_of
 from flowride.errors import InputError
+
+DEFAULT_MAX_LOSS = 1.02  # flowride.sweep.DEFAULT_MAX_LOSS (not imported here: the parser is built without the library)
 
 
 def cmd_export(a: argparse.Namespace) -> int:
@@ -45,7 +47,7 @@ def _ints(text: str, field: str) -> tuple[int, ...]:
 def _export_ranges(a: argparse.Namespace, sizes: list[int] | None) -> int:
     """``flowride export --topology T --collective C --sizes ... --out-dir DIR``."""
     from flowride.cli.topology import load_topology
-    from flowride.sweep import export_ranges
+    from flowride.sweep import check_export, export_ranges
     from flowride.synth.options import SynthOptions
 
     if a.schedule:
@@ -58,20 +60,23 @@ def _export_ranges(a: argparse.Namespace, sizes: list[int] | None) -> int:
             raise InputError(flag, "is missing for a range export", fix)
     if a.msccl:
         raise InputError("--msccl", "names one file, and a range export writes one per range", "use --out-dir only")
-    topo = load_topology(a)
     chunks = _ints(a.chunk_options, "--chunk-options")
     epochs = tuple(e.strip() for e in a.epochs.split(",") if e.strip())
+    if not epochs:
+        raise InputError("--epochs", f"{a.epochs!r} names no epoch preset", "give fast, slow or fast,slow (the default is fast)")
+    topo = load_topology(a)
     opts = SynthOptions(method=a.method, time_limit=a.time_limit)
-    names = as_options(chunks="--chunk-options", epochs="--epochs", proto="--proto", out_dir="--out-dir", time_limit="--time-limit",
-                       method="--method", collective="--collective", size="--sizes", sizes="--sizes")
-    with err.status("[bold]export[/bold] sweeping sizes") as st, names:
-        plan = export_ranges(topo, a.collective, sizes, a.out_dir, chunks, epochs, opts, a.proto or "auto", a.unfused, SweepView(st))
-    console.print(ranges_table(plan))
+    names = {"chunks": "--chunk-options", "epochs": "--epochs", "proto": "--proto", "out_dir": "--out-dir", "time_limit": "--time-limit",
+             "method": "--method", "collective": "--collective", "size": "--sizes", "sizes": "--sizes", "relay": "--relay",
+             "max_loss": "--max-loss"}
+    with as_options(**names):  # what would only fail at writing is refused before the sweep starts
+        check_export(topo, a.collective, a.out_dir, a.clean)
+    with err.status("[bold]export[/bold] sweeping sizes") as st, as_options(**names):
+        plan = export_ranges(topo, a.collective, sizes, a.out_dir, chunks, epochs, opts, a.proto or "auto", a.unfused, SweepView(st),
+                             max_loss=a.max_loss, clean=a.clean)
+    ranges_table(plan).print()
     console.print(f"written to {a.out_dir}: {len(plan.ranges)} XML file(s) under xml/ (point MSCCL_ALGO_DIR there), ranges.json, "
-                  f"ranges.md. Protocol: not chosen by the model; {plan.protocol_rule}.")
-    if plan.others:
-        err.print(f"[yellow]other files in {a.out_dir}/xml: {', '.join(plan.others)}; MSCCL reads every file there as an "
-                  "algorithm: remove them[/yellow]")
+                  f"ranges.md. Protocol: not chosen by the model; {plan.protocol_rule}.", soft_wrap=True)
     return 0
 
 
@@ -91,5 +96,10 @@ def add_export(sub) -> None:
     r.add_argument("--epochs", default="fast", help="epoch presets to choose from: fast, slow or fast,slow (default fast)")
     r.add_argument("--method", default="auto", help="synthesis method (see flowride synth)")
     r.add_argument("--time-limit", type=SECONDS, help="seconds per synthesis (per size and candidate)")
+    r.add_argument("--max-loss", type=number(1, 100, what="a ratio"), default=DEFAULT_MAX_LOSS,
+                   help=f"split a range where its one schedule would run more than this many times slower (modelled) at a swept "
+                        f"size than that size's own schedule (default {DEFAULT_MAX_LOSS})")
+    r.add_argument("--clean", action="store_true", help="remove the *.xml files already in OUT/xml/ (and ranges.json/md) before "
+                   "writing; without it an OUT/xml/ holding files is refused, since MSCCL would load old and new ranges")
     sweep_args(ex, "synthesize every candidate")
     ex.set_defaults(func=cmd_export)

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from flowride.argtypes import COUNT, SECONDS, integer, out_file
 from flowride.cli.common import as_options, console, err
-from flowride.cli.sweep import run_sweep_table, sweep_args, sweep_of
+from flowride.cli.sweep import run_sweep_table, sweep_args, sweep_of, sweep_option
 from flowride.errors import InputError
 from flowride.files import write_json_atomic
 from flowride.units import format_size, parse_size
@@ -43,7 +43,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                 bar.update(task, description=f"{kind}: {target.collective.value} on {target.ngpus} ranks")
 
         try:
-            with as_options(size_bytes="--size" if sizes is None else "--sizes", timeout_s="--timeout"):
+            with as_options(size_bytes="--size" if sizes is None else sweep_option(a), timeout_s="--timeout"):
                 kw = {"repeats": a.repeats, "warmup": a.warmup, "timeout_s": a.timeout, "barrier_per_epoch": a.barrier_per_epoch,
                       "progress": on_progress, "mode": a.mode}
                 if sizes is not None:
@@ -119,7 +119,7 @@ def _print_sweep(a: argparse.Namespace, target, rows: list) -> int:
     if a.json:
         print(json.dumps(recs))
     else:
-        console.print(run_sweep_table(rows, target.collective.value, target.ngpus))
+        run_sweep_table(rows, target.collective.value, target.ngpus).print()
     bad = [r for r in rows if r.wrong or r.errors]
     for r in bad:
         for e in r.errors[:3]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.markup import escape
@@ -40,6 +41,14 @@ def sweep_of(a: argparse.Namespace) -> list[int] | None:
     return sweep_sizes(a.minbytes, a.maxbytes, a.stepfactor, a.stepbytes, a.sizes)
 
 
+def sweep_option(a: argparse.Namespace) -> str:
+    """The option the user gave the sweep's largest size with, for errors about a size too large
+    (a memory limit): ``--sizes``, ``-e/--maxbytes``, or ``-b/--minbytes`` when -e was left out."""
+    if a.sizes is not None:
+        return "--sizes"
+    return "-e/--maxbytes" if a.maxbytes is not None else "-b/--minbytes"
+
+
 class SweepView:
     """One status line: which size of the sweep, and the stage its synthesis is in."""
 
@@ -64,14 +73,60 @@ def _time(us: float | None) -> str:
     return f"{us:.0f}" if us >= 10000 else f"{us:.1f}" if us >= 100 else f"{us:.2f}"
 
 
-def _nccl_table(title: str, groups: list[tuple[str, list[str]]]) -> Table:
-    t = Table(title=title, title_justify="left")
-    for col in ("size\n(B)", "count\n(elements)", "type", "redop"):
-        t.add_column(col, justify="right" if col[0] in "sc" else "left", no_wrap=True)
-    for name, cols in groups:
-        for k, col in enumerate(cols):
-            t.add_column(f"{name if k == 0 else ''}\n{col}", justify="right", no_wrap=True)
-    return t
+@dataclass
+class SweepTable:
+    """A sweep's table: a rich table on a terminal, nccl-tests' fixed-width plain text elsewhere.
+
+    Piped or in CI, rich falls back to 80 columns and squeezes a 13-column table until size,
+    type and redop come out empty or cut to "…"; so when stdout is not a terminal every column
+    is printed whole, right-aligned (``left`` names the exceptions), one line per row, with the
+    headers on ``#`` lines as nccl-tests prints them."""
+
+    title: str
+    columns: list[tuple[str, str, str]]  # (group, name, unit): group "" for none, unit "" for none
+    rows: list[list[str]] = field(default_factory=list)
+    left: frozenset[str] = frozenset()  # column names left-aligned in both forms
+
+    def add_row(self, *cells: str) -> None:
+        self.rows.append([str(c) for c in cells])
+
+    def rich(self) -> Table:
+        t = Table(title=escape(self.title), title_justify="left")
+        grouped, last = any(g for g, _, _ in self.columns), None
+        for group, name, unit in self.columns:
+            head = "\n".join(([group if group != last else ""] if grouped else []) + [name, unit]).rstrip("\n")
+            last = group
+            t.add_column(escape(head), justify="left" if name in self.left else "right", no_wrap=True)
+        for r in self.rows:
+            t.add_row(*map(escape, r))
+        return t
+
+    def plain(self) -> str:
+        """nccl-tests' layout: ``#`` header lines (group, name, unit), then one line per row."""
+        groups, last = [], None
+        for g, _, _ in self.columns:  # a group's label over its first column only
+            groups.append(g if g != last else "")
+            last = g
+        heads = [groups] if any(groups) else []
+        heads.append([n for _, n, _ in self.columns])
+        if any(u for _, _, u in self.columns):
+            heads.append([u for _, _, u in self.columns])
+        widths = [max(len(c) for c in col) for col in zip(*heads, *self.rows, strict=True)]
+
+        def line(cells: list[str], lead: str) -> str:
+            out = [c.ljust(w) if self.columns[k][1] in self.left else c.rjust(w) for k, (c, w) in enumerate(zip(cells, widths, strict=True))]
+            return (lead + "  ".join(out)).rstrip()
+
+        return "\n".join([f"# {self.title}", *(line(h, "# ") for h in heads), *(line(r, "  ") for r in self.rows)])
+
+    def print(self) -> None:
+        if console.is_terminal:
+            console.print(self.rich())
+        else:
+            print(self.plain())
+
+
+_NCCL_COLUMNS = [("", "size", "(B)"), ("", "count", "(elements)"), ("", "type", ""), ("", "redop", "")]
 
 
 # ---- flowride synth --sizes ----
@@ -86,7 +141,8 @@ def synth_sweep(a: argparse.Namespace, topo, sizes: list[int], epoch, speedups) 
         raise InputError("--out", "names one file, and a sweep makes a schedule per size", "use --out-dir DIR for a sweep")
     opts = SynthOptions(a.method, epoch, a.time_limit, a.mip_gap, a.threads, int(a.memory_limit * 2**30), speedups, a.objective)
     fields = as_options(chunks="--chunks", time_limit="--time-limit", epoch="--epoch", mip_gap="--mip-gap", threads="--threads",
-                        size="--sizes", sizes="--sizes", collective="--collective", method="--method", objective="--objective")
+                        size=sweep_option(a), sizes=sweep_option(a), collective="--collective", method="--method",
+                        objective="--objective")
     with err.status("[bold]synth[/bold] sweep") as st, fields:
         points = synthesize_sweep(topo, a.collective, sizes, a.chunks, opts, SweepView(st), warm_start=not a.no_warm_start)
     rows = [p.row() for p in points]
@@ -103,45 +159,54 @@ def synth_sweep(a: argparse.Namespace, topo, sizes: list[int], epoch, speedups) 
         print(json.dumps(rows))
         return 0
     rep = points[0].outcome.report()
-    t = _nccl_table(f"{rep['collective']} on {rep['topology']} ({rep['gpus']} GPUs), times modelled by the epoch simulator; "
-                    f"sizes rounded to whole float32 elements, {a.chunks} chunk(s) per block",
-                    [("modelled", ["time (us)", "algbw (GB/s)", "busbw (GB/s)"]),
-                     ("synthesis", ["bound (us)", "ratio", "epochs", "chunks", "method", "status"])])
+    t = SweepTable(f"{rep['collective']} on {rep['topology']} ({rep['gpus']} GPUs), times modelled by the epoch simulator; "
+                   f"sizes rounded to whole float32 elements, {a.chunks} chunk(s) per block",
+                   _NCCL_COLUMNS + [("modelled", "time", "(us)"), ("modelled", "algbw", "(GB/s)"), ("modelled", "busbw", "(GB/s)"),
+                                    ("synthesis", "bound", "(us)"), ("synthesis", "ratio", ""), ("synthesis", "epochs", ""),
+                                    ("synthesis", "chunks", ""), ("synthesis", "method", ""), ("synthesis", "status", "")])
     for r in rows:
         method = str(r["method"]).removesuffix(WARM_TAG) + (" +warm" if r["warm_start_won"] else "")
-        t.add_row(str(r["size"]), str(r["count"]), r["type"], r["redop"], _time(r["time_us"]), _f(r["algbw_GBps"], ".2f"),
-                  _f(r["busbw_GBps"], ".2f"), _time(r["lower_bound_us"]), _f(r["ratio_to_lower_bound"], ".3f"), str(r["epochs"]),
-                  str(r["chunks"]), escape(method), r["status"])
-    console.print(t)
+        t.add_row(r["size"], r["count"], r["type"], r["redop"], _time(r["time_us"]), _f(r["algbw_GBps"], ".2f"),
+                  _f(r["busbw_GBps"], ".2f"), _time(r["lower_bound_us"]), _f(r["ratio_to_lower_bound"], ".3f"), r["epochs"],
+                  r["chunks"], method, r["status"])
+    t.print()
     won = sum(r["warm_start_won"] for r in rows)
-    warm = "off" if a.no_warm_start else f"{won} of {len(rows) - 1} sizes kept the previous size's schedule, retimed (+warm)"
+    if a.no_warm_start:
+        warm = "off"
+    elif points[0].outcome.demand.collective.reduces:
+        warm = "off (reductions run cold)"
+    else:
+        warm = f"{won} of {len(rows) - 1} sizes kept the previous size's schedule, retimed (+warm)"
     console.print(f"{len(rows)} sizes in {sum(r['seconds'] for r in rows):.2f} s; warm start: {warm}"
-                  + (f"; schedules written to {a.out_dir}" if a.out_dir else ""))
+                  + (f"; schedules written to {a.out_dir}" if a.out_dir else ""), soft_wrap=True)
     return 0
 
 
 # ---- flowride run -b/-e/-f ----
 
-def run_sweep_table(rows: list, collective: str, ranks: int) -> Table:
+def run_sweep_table(rows: list, collective: str, ranks: int) -> SweepTable:
     """nccl-tests' out-of-place table, flowride's program and torch.distributed's collective side by side."""
     where = f"{rows[0].device}, {rows[0].backend}" if rows else ""
-    t = _nccl_table(f"{collective} on {ranks} ranks ({where}); out of place, median of the repeats",
-                    [("flowride", ["time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"]),
-                     ("torch.distributed", ["time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"])])
+    cpu = "; times measured on CPU" if rows and rows[0].device == "cpu" else ""
+    t = SweepTable(f"{collective} on {ranks} ranks ({where}); out of place, median of the repeats{cpu}",
+                   _NCCL_COLUMNS + [(who, name, unit) for who in ("flowride", "torch.distributed")
+                                    for name, unit in (("time", "(us)"), ("algbw", "(GB/s)"), ("busbw", "(GB/s)"), ("#wrong", ""))])
     for r in rows:
-        t.add_row(str(r.size), str(r.count), r.type, r.redop, _time(r.time_us), _f(r.algbw_GBps, ".2f"), _f(r.busbw_GBps, ".2f"),
-                  str(r.wrong), _time(r.torch_time_us), _f(r.torch_algbw_GBps, ".2f"), _f(r.torch_busbw_GBps, ".2f"), str(r.torch_wrong))
+        t.add_row(r.size, r.count, r.type, r.redop, _time(r.time_us), _f(r.algbw_GBps, ".2f"), _f(r.busbw_GBps, ".2f"),
+                  r.wrong, _time(r.torch_time_us), _f(r.torch_algbw_GBps, ".2f"), _f(r.torch_busbw_GBps, ".2f"), r.torch_wrong)
     return t
 
 
 # ---- flowride export --sizes ----
 
-def ranges_table(plan) -> Table:
-    t = Table(title=f"MSCCL algorithms for {plan.collective} on {plan.topology} ({plan.gpus} GPUs), one per size range",
-              title_justify="left")
-    for col in ("minBytes", "maxBytes", "file", "chunks", "epochs", "protocol", "swept sizes", "worst loss"):
-        t.add_column(col, justify="right" if col in ("minBytes", "maxBytes", "chunks", "worst loss") else "left")
+def ranges_table(plan) -> SweepTable:
+    """One row per range; worst loss: the range's schedule at its worst swept size over that size's own."""
+    t = SweepTable(f"MSCCL algorithms for {plan.collective} on {plan.topology} ({plan.gpus} GPUs), one per size range "
+                   f"(worst loss at most {plan.max_loss:g})",
+                   [("", "minBytes", ""), ("", "maxBytes", ""), ("", "file", ""), ("", "chunks", ""), ("", "epochs", ""),
+                    ("", "protocol", ""), ("", "swept sizes", ""), ("", "worst loss", "")],
+                   left=frozenset({"file", "epochs", "protocol", "swept sizes"}))
     for r in plan.ranges:
-        t.add_row(str(r.min_bytes), "0 (open)" if r.max_bytes == 0 else str(r.max_bytes), r.file, str(r.chunks), r.pick.epoch, r.proto,
-                  ", ".join(format_size(s) for s in r.sizes), "-" if r.worst_loss is None else f"{r.worst_loss:.3f}")
+        t.add_row(r.min_bytes, "0 (open)" if r.max_bytes == 0 else r.max_bytes, r.file, r.chunks, r.pick.epoch, r.proto,
+                  ", ".join(format_size(s) for s in r.sizes), f"{r.worst_loss:.3f}")
     return t

@@ -134,6 +134,8 @@ def cmd_synth(a: argparse.Namespace) -> int:
     with as_options(speedups="--speedups"):
         speedups = parse_speedups(a.speedups)
     sizes = sweep_of(a)  # --sizes or -b/-e/-f: one synthesis per size (cli/sweep.py)
+    if sizes is not None and a.size:
+        raise InputError("--size", "is given together with a sweep (-b/-e/-f or --sizes)", "give one size or a sweep")
     if sizes is not None:
         return synth_sweep(a, topo, sizes, epoch, speedups)
     if a.size is None:

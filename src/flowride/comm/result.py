@@ -12,6 +12,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from flowride.schedule.metrics import algbw_GBps
+
 MAX_ERRORS = 40
 # worker exit codes: correct; failed; bad input; ran to the end but some output is wrong
 EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_WRONG = 0, 1, 2, 3
@@ -64,7 +66,8 @@ class RunResult:
         return a / b if a is not None and b else None
 
     def algbw_GBps(self, seconds: float | None) -> float | None:
-        return self.actual_bytes / seconds / 1e9 if seconds else None
+        """:func:`flowride.schedule.metrics.algbw_GBps` of what ran (None without a time)."""
+        return algbw_GBps(self.actual_bytes, seconds) if seconds else None
 
     def report(self) -> dict[str, Any]:
         d = asdict(self)

@@ -43,11 +43,14 @@ def busbw_GBps(collective: Collective | str, n: int, size_bytes: float, seconds:
 
 def run_bytes(size_bytes: int, n: int, chunks: int = 1, itemsize: int = ELEMENT_BYTES) -> int:
     """The bytes per rank that a collective of ``size_bytes`` moves, in whole elements: the count
-    (size / itemsize) rounded down to a multiple of n*chunks, so every rank's block splits into
-    ``chunks`` equal chunks, and at least one element per chunk. nccl-tests rounds the same way
-    to a multiple of n (its newer versions to n aligned blocks of 16 bytes); the extra factor
-    ``chunks`` is what a schedule of C chunks per block needs (and MSCCL's executor requires:
-    the count must divide by nchunksperloop)."""
+    (size / itemsize) rounded down to a multiple of n*chunks, and at least one element per chunk.
+    flowride rounds every collective, AllReduce included, because its programs cut the buffer
+    into n blocks of ``chunks`` equal chunks (n*C chunks: MSCCL's layout, and its executor's
+    ``nchunksperloop``). nccl-tests rounds only AllGather, ReduceScatter and AlltoAll, whose
+    per-rank count is size / n, to a multiple of n elements (its newer versions to n aligned
+    blocks of 16 bytes); its AllReduce runs the count as given (``AllReduceGetCollByteCount``:
+    sendcount = recvcount = count), so at a size that is not a multiple of 4·n·C bytes an
+    AllReduce row of flowride's is a little smaller than nccl-tests' row of the same size."""
     unit = n * chunks * itemsize
     return max(1, int(size_bytes) // unit) * unit
 

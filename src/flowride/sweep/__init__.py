@@ -5,20 +5,28 @@ A floor above :mod:`flowride.api` (it calls the synthesis) and :mod:`flowride.pr
 writes MSCCL XML); only the CLI imports it."""
 
 from flowride.sweep.ranges import (
+    DEFAULT_MAX_LOSS,
+    NCCL_TUNING_SOURCE,
     PROTOCOL_RULE,
     Candidate,
     RangeAlgo,
     RangePlan,
     SizePick,
+    check_export,
+    check_no_relays,
     export_ranges,
+    export_unit,
     gpu_bus_GBps,
     nccl_protocol,
     plan_ranges,
+    split_by_loss,
+    stale_files,
     write_ranges,
 )
 from flowride.sweep.synth import SweepPoint, sweep_sizes_for, synthesize_sweep
 
 __all__ = [
-    "PROTOCOL_RULE", "Candidate", "RangeAlgo", "RangePlan", "SizePick", "SweepPoint", "export_ranges", "gpu_bus_GBps",
-    "nccl_protocol", "plan_ranges", "sweep_sizes_for", "synthesize_sweep", "write_ranges",
+    "DEFAULT_MAX_LOSS", "NCCL_TUNING_SOURCE", "PROTOCOL_RULE", "Candidate", "RangeAlgo", "RangePlan", "SizePick", "SweepPoint",
+    "check_export", "check_no_relays", "export_ranges", "export_unit", "gpu_bus_GBps", "nccl_protocol", "plan_ranges", "split_by_loss",
+    "stale_files", "sweep_sizes_for", "synthesize_sweep", "write_ranges",
 ]
