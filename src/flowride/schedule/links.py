@@ -62,6 +62,9 @@ class LinkBook:
         n = len(row)
         if k >= n + b:
             return k
+        if b == 0:  # one-epoch windows: the first epoch not yet full
+            free = np.flatnonzero(row[k:] < cap)
+            return k + int(free[0]) if free.size else n
         lo = k - b  # window starts from lo (maybe negative: such windows hold epochs 0.. only)
         span = n + b - lo + 1  # window starts lo .. n + b; the candidates k .. n + b
         r = np.zeros(span + b, dtype=np.int64)  # epochs lo .. n + 2b
