@@ -7,6 +7,8 @@ window around it, the same rule the simulator (:mod:`flowride.schedule.simulate`
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import numpy as np
 
 from flowride.topology.timing import EpochTiming
@@ -77,6 +79,40 @@ class LinkBook:
         cand = starts[b:]  # k .. n + b
         ok = np.flatnonzero(last_full[b:] < cand - b)
         return int(cand[ok[0]]) if ok.size else n + b
+
+    def offsets(self, links: Sequence[int]) -> list[tuple[int, int]]:
+        """A path's hops as (link, epochs after the first send): a chunk leaves each node the
+        epoch it arrives there (a GPU may hold it longer, but a segment is placed as a whole)."""
+        out, off = [], 0
+        for li in links:
+            out.append((li, off))
+            off += int(self.timing.hop_delay[li])
+        return out
+
+    def place(self, hops: Sequence[tuple[int, int]], ready: int, until: int | None = None,
+              blocked: Callable[[int, int, int], bool] | None = None) -> int | None:
+        """The earliest start k in [ready, until] where one more chunk fits on every hop
+        (link, k + offset), taken in order so a path that crosses a link twice counts twice;
+        the hops are taken and k returned (None: no start up to ``until``). ``blocked(i, link,
+        epoch)`` vetoes a hop for reasons of the caller's own. Every list scheduler places its
+        segments, trees and paths through this one search; a failing hop moves k straight to
+        that link's next epoch with room (:meth:`next_fit`), since offsets are fixed."""
+        k = ready
+        while until is None or k <= until:
+            taken: list[tuple[int, int]] = []
+            for i, (li, off) in enumerate(hops):
+                e = k + off
+                if not self.fits(li, e) or (blocked is not None and blocked(i, li, e)):
+                    break
+                self.take(li, e)
+                taken.append((li, e))
+            else:
+                return k
+            for li, e in taken:
+                self.release(li, e)
+            li, off = hops[len(taken)]
+            k += max(1, self.next_fit(li, k + off) - (k + off))
+        return None
 
     def take(self, link: int, k: int) -> None:
         row = self._rows.get(link)

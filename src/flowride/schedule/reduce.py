@@ -100,22 +100,11 @@ def _place(book: LinkBook, timing, path: list[int], ready: int, busy: set, key: 
     """Earliest start >= ready where every hop fits; a switch hop goes out the epoch it arrives.
     Two partials of one chunk never meet at a switch in one epoch, so which one leaves on which
     link is never in doubt."""
-    k = ready
-    while True:
-        epochs, e, ok = [], k, True
-        for i, li in enumerate(path):
-            if not book.fits(li, e) or (i > 0 and (key, li, e) in busy):
-                ok = False
-                break
-            epochs.append(e)
-            e = timing.arrival(li, e)
-        if ok:
-            for i, (li, ek) in enumerate(zip(path, epochs, strict=True)):
-                book.take(li, ek)
-                if i > 0:
-                    busy.add((key, li, ek))
-            return epochs
-        k += max(1, book.next_fit(li, e) - e)  # offsets are fixed: shift to li's next epoch with room
+    hops = book.offsets(path)
+    k = book.place(hops, ready, blocked=lambda i, li, e: i > 0 and (key, li, e) in busy)
+    epochs = [k + off for _, off in hops]
+    busy.update((key, li, e) for i, (li, e) in enumerate(zip(path, epochs, strict=True)) if i > 0)
+    return epochs
 
 
 def reduce_scatter_sends(ag: Schedule, target: Topology) -> tuple[list[Send], dict[tuple[int, int], int]]:

@@ -147,24 +147,12 @@ def _place(book: LinkBook, timing: EpochTiming, links: list[int], ready: int, pr
     """Start a segment at ``prefer`` (its LP epoch) if it is not before ``ready`` and every hop
     fits there, else at the earliest start >= ready where every hop fits; take the capacity.
     Returns the send epochs and the epoch the far GPU holds the piece."""
-    starts = [prefer] if prefer is not None and prefer >= ready else []
-    k = ready
-    while True:
-        start = starts.pop() if starts else k
-        epochs: list[int] = []
-        e = start
-        for li in links:
-            if not book.fits(li, e):
-                break
-            book.take(li, e)  # taken at once: a segment may cross a link twice
-            epochs.append(e)
-            e = timing.arrival(li, e)
-        else:
-            return epochs, e
-        for li, ek in zip(links, epochs, strict=False):
-            book.release(li, ek)
-        if start == k:
-            k += max(1, book.next_fit(li, e) - e)  # hop offsets are fixed: shift to li's next epoch with room
+    hops = book.offsets(links)
+    k = book.place(hops, prefer, until=prefer) if prefer is not None and prefer >= ready else None
+    if k is None:
+        k = book.place(hops, ready)
+    li, off = hops[-1]
+    return [k + o for _, o in hops], timing.arrival(li, k + off)
 
 
 def schedule_paths(

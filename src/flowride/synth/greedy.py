@@ -54,23 +54,11 @@ class GreedyScheduler:
 
     def place_segment(self, s: int, c: int, links: list[int], ready: int) -> int:
         """Place GPU -> switch* -> GPU at the earliest start >= ready; return the hold epoch."""
-        k = ready
-        while True:
-            epochs = []
-            e = k
-            ok = True
-            for li in links:
-                if not self.book.fits(li, e):
-                    ok = False
-                    break
-                epochs.append(e)
-                e = self.timing.arrival(li, e)
-            if ok:
-                for li, ek in zip(links, epochs, strict=True):
-                    self.book.take(li, ek)
-                    self.sends.append((ek, li, s, c))
-                return e
-            k += max(1, self.book.next_fit(li, e) - e)  # hop offsets are fixed: shift to li's next epoch with room
+        hops = self.book.offsets(links)
+        k = self.book.place(hops, ready)
+        self.sends.extend((k + off, li, s, c) for li, off in hops)
+        li, off = hops[-1]
+        return self.timing.arrival(li, k + off)
 
     def transfer(self, s: int, c: int, u: int, v: int) -> int:
         """Move chunk (s, c) from GPU u (which holds it) to GPU v along a fewest-epoch path."""
@@ -228,20 +216,8 @@ def retime(topo: Topology, sends: list[Send], made_at: EpochTiming, timing: Epoc
                 take = outs if topo.nodes[w].copy else outs[:1]
                 forwards[key] = [] if topo.nodes[w].copy else outs[1:]
                 stack.extend((l2, key[3], off + int(timing.hop_delay[lk])) for l2 in take)
-        k = ready
-        while True:
-            placed: list[tuple[int, int]] = []
-            for lk, off in tree:
-                if not book.fits(lk, k + off):
-                    break
-                book.take(lk, k + off)  # at once: a tree may cross a link twice
-                placed.append((lk, k + off))
-            else:
-                break
-            for lk, ek in placed:
-                book.release(lk, ek)
-            bad = tree[len(placed)]
-            k += max(1, book.next_fit(bad[0], k + bad[1]) - (k + bad[1]))
+        k = book.place(tree, ready)  # a tree may cross a link twice: place takes hop by hop
+        placed = [(lk, k + off) for lk, off in tree]
         for lk, ek in placed:
             out.append((ek, lk, s, c))
             v = topo.links[lk].dst
