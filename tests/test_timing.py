@@ -143,10 +143,32 @@ def test_zero_chunk_raises(chunk):
 @pytest.mark.parametrize("a,b", [(0, 0), (1, 0), (0, 3), (2, 1)])
 def test_link_hop_delay(a, b):
     assert link_hop_delay(False, False, a, b) == 1 + a + b  # GPU -> GPU
-    assert link_hop_delay(False, True, a, b) == 1 + a + b  # GPU -> switch
-    assert link_hop_delay(True, True, a, b) == 1 + a + b  # switch -> switch
-    assert link_hop_delay(True, False, a, b) == a + b  # switch -> GPU: cut-through, own beta
+    assert link_hop_delay(True, False, a, b) == a + b  # switch -> GPU: the transfer is under way, own beta
+    # cut-through (the default): into a switch only alpha, the transmission epoch from a GPU, and
+    # the beta by which this link is slower than the switch's fastest way out
+    assert link_hop_delay(False, True, a, b) == 1 + a + b  # the switch's fastest way out has b = 0
+    assert link_hop_delay(False, True, a, b, b_out_min=b) == 1 + a
+    assert link_hop_delay(True, True, a, b, b_out_min=b) == a  # between forwarding switches: no epoch
+    assert link_hop_delay(True, True, a, b, b_out_min=b, copy_end=True) == 1 + a  # a copying end: one epoch
+    # store-and-forward: every hop into a switch pays its own beta
+    for src in (False, True):
+        assert link_hop_delay(src, True, a, b, switching="store-and-forward", b_out_min=b) == 1 + a + b
     assert link_hop_delay(True, False, a, b, teccl_compat=True) == a  # published model: alpha only
+    assert link_hop_delay(False, True, a, b, teccl_compat=True, b_out_min=b) == 1 + a + b
+
+
+@pytest.mark.parametrize("b_in,b_out", [(0, 0), (3, 3), (5, 2), (2, 5), (8, 0)])
+def test_cut_through_path_pays_its_slowest_hop_once(b_in, b_out):
+    """GPU -> switch -> GPU costs 1 + alpha's + the larger beta when the way out is the switch's fastest."""
+    t = Topology("pair", (Node(0), Node(1), Node(2, "switch", copy=False)),
+                 (Link(0, 2, 50.0 / (b_in + 1), 0.0), Link(2, 1, 50.0 / (b_out + 1), 0.0),
+                  Link(1, 2, 50.0 / (b_out + 1), 0.0), Link(2, 0, 50.0 / (b_out + 1), 0.0)))
+    tm = epoch_timing(t, 1e6, 2e-5)  # 1 MB in 20 us = one chunk per epoch at 50 GB/s
+    li = t.link_index
+    assert tm.beta_epochs[li[(0, 2)]] == b_in and tm.beta_epochs[li[(2, 1)]] == b_out
+    assert tm.arrival(li[(2, 1)], tm.arrival(li[(0, 2)], 0)) == 1 + max(b_in, b_out)
+    sf = epoch_timing(t.with_switching("store-and-forward"), 1e6, 2e-5)
+    assert sf.arrival(li[(2, 1)], sf.arrival(li[(0, 2)], 0)) == 1 + b_in + b_out
 
 
 def test_hop_delay_on_a_switch_topology():
@@ -154,11 +176,12 @@ def test_hop_delay_on_a_switch_topology():
     t = switch(3, alpha_us=5.0)
     tm = epoch_timing(t, 1e6, 1e-5)
     assert (tm.beta_epochs == 1).all() and (tm.alpha_epochs == 1).all()
+    sf = epoch_timing(t.with_switching("store-and-forward"), 1e6, 1e-5)
     for li, lk in enumerate(t.links):
-        if lk.dst == 3:  # GPU -> switch
-            assert tm.hop_delay[li] == 3
+        if lk.dst == 3:  # GPU -> switch: 1 + a, the beta is paid once, on the way out
+            assert tm.hop_delay[li] == 2 and sf.hop_delay[li] == 3
             assert tm.dst_is_switch[li] and not tm.src_is_switch[li]
-            assert tm.arrival(li, 4) == 7
+            assert tm.arrival(li, 4) == 6
         else:  # switch -> GPU: a + b
             assert tm.hop_delay[li] == 2
             assert tm.src_is_switch[li] and not tm.dst_is_switch[li]
@@ -175,7 +198,12 @@ def test_hop_delay_switch_to_switch():
     )
     t = Topology("chain", nodes, links)
     tm = epoch_timing(t, 1e6, 1e-5)  # b = 1, a = 0 (0.07)
-    assert list(tm.hop_delay) == [2, 2, 1, 2]
+    # cut-through; these switches copy (Node's default), so the hop between them keeps one epoch
+    assert list(tm.hop_delay) == [1, 1, 1, 2]
+    fwd = Topology("chain", (nodes[0], nodes[1], Node(2, "switch", copy=False), Node(3, "switch", copy=False)), links)
+    assert list(epoch_timing(fwd, 1e6, 1e-5).hop_delay) == [1, 0, 1, 2]  # 0 -> 2 -> 3 -> 1: 1 + b = 2 epochs
+    sf = epoch_timing(t.with_switching("store-and-forward"), 1e6, 1e-5)
+    assert list(sf.hop_delay) == [2, 2, 1, 2]
 
 
 def test_compat_hop_delays_from_gpu0_switch():

@@ -105,6 +105,24 @@ def topology_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("--cols", type=integer(1, MAX_GPUS, "columns"), help="columns (mesh, torus)")
     p.add_argument("--bandwidth", type=number(1e-3, 1e6, what="GB/s"), help="GB/s per link (generic topologies)")
     p.add_argument("--alpha-us", type=number(0, 1e6, what="microseconds"), help="link latency in microseconds (generic topologies)")
+    p.add_argument("--switching", choices=("cut-through", "store-and-forward"),
+                   help="how switches pass a chunk on: cut-through (default: a path through switches pays its transfer once, "
+                        "at its slowest hop, plus every hop's alpha) or store-and-forward (every hop pays its own transfer)")
+    f = p.add_argument_group("clusters (-t fabric): N nodes of one node type on a network (docs/fabrics.md)") \
+        if isinstance(p, argparse.ArgumentParser) else p
+    f.add_argument("--node", help="node type: dgx-a100, a800, dgx-h100, h800, hgx-b200, mi300x, dgx2, ndv2 or mi250")
+    f.add_argument("--nodes", type=integer(1, MAX_GPUS, "nodes"), help="how many nodes (default 2)")
+    f.add_argument("--network", choices=("rail", "clos", "single"), help="rail (NIC k of every node on rail switch k; default), "
+                   "clos (leaf/spine) or single (one switch)")
+    f.add_argument("--nic", help="NIC line rate, e.g. 200Gbps, 400Gbps, 800Gbps (default: the node type's)")
+    f.add_argument("--nic-share", type=integer(1, 16, "GPUs per NIC"), help="GPUs per NIC: 1 (default for most node types) or 2, ...")
+    f.add_argument("--rails", type=integer(1, 64, "rails"), help="rail network: rail switches (default one per NIC of a node)")
+    f.add_argument("--leaf-nodes", type=integer(1, MAX_GPUS, "nodes"), help="clos: nodes per leaf switch (default 2)")
+    f.add_argument("--spines", type=integer(1, 1024, "spines"), help="clos: spine switches (default: NICs per node)")
+    f.add_argument("--oversubscription", type=number(1, 64, what="a ratio"), help="clos: leaf down / up bandwidth (default 1)")
+    f.add_argument("--nic-latency-us", type=number(0, 1e4, what="microseconds"), help="per NIC hop (GPU -> leaf, leaf -> GPU; default 1.0)")
+    f.add_argument("--switch-latency-us", type=number(0, 1e4, what="microseconds"), help="per switch-to-switch hop (default 0.15)")
+    f.add_argument("--link-latency-us", type=number(0, 1e4, what="microseconds"), help="per hop inside a node (default: the node type's)")
     p.add_argument("--ranks", help="a process group: only these GPUs take part, e.g. 0,2,4,6, 0-3, 0,2,5-7, every:8 or every:8+1")
     p.add_argument("--relay", choices=("on", "off"), help="with --ranks: whether GPUs outside the group may forward chunks "
                    "(default off; a schedule that relays cannot be exported or run)")

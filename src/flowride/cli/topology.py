@@ -19,9 +19,11 @@ def load_topology(a: argparse.Namespace):
 
     params = {k: getattr(a, k) for k in TOPOLOGY_PARAMS}
     copy = getattr(a, "switch_copy", None)
+    switching = getattr(a, "switching", None)
     given = [k for k, v in params.items() if v is not None] + ([] if copy is None else ["switch_copy"])
+    given += [] if switching is None else ["switching"]
     with as_options(**{k: f"--{k.replace('_', '-')}" for k in given}):
-        topo = resolve_topology(a.topology, params, None if copy is None else copy == "on")
+        topo = resolve_topology(a.topology, params, None if copy is None else copy == "on", switching)
     return with_group(topo, getattr(a, "ranks", None), getattr(a, "relay", None))
 
 

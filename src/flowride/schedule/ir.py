@@ -123,8 +123,12 @@ class Schedule:
             tau_ok = False
         if not tau_ok:
             raise InputError("epoch_duration_s", f"{tau!r} is not a positive number", "give seconds above zero")
+        topo = data["topology"]
+        if isinstance(topo, dict) and "switching" not in topo:
+            # written before switches cut through: its epochs were counted store-and-forward
+            topo = {**topo, "switching": "store-and-forward"}
         return cls(
-            topology_from_dict(data["topology"]),
+            topology_from_dict(topo),
             Collective.parse(data["collective"]),
             data["size_bytes"],
             data["chunks"],

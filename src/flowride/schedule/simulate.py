@@ -16,6 +16,7 @@ end: its destination then lacks a contribution (or, if the rest follows later, c
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -87,11 +88,6 @@ def simulate(schedule: Schedule, max_violations: int = 50) -> SimResult:
     switch_out: dict[tuple[int, int, int, int], int] = defaultdict(int)
     accepted: list = []
 
-    def order(s):
-        lk = s.link if 0 <= s.link < len(links) else None
-        sender_is_switch = lk is not None and not nodes[links[lk].src].is_gpu
-        return (s.epoch, 0 if sender_is_switch else 1)
-
     # When each GPU would eventually hold each chunk, for messages that do not depend on order.
     eventual: dict[tuple[int, int, int], int] = {}
     for s in schedule.sends:
@@ -100,47 +96,68 @@ def simulate(schedule: Schedule, max_violations: int = 50) -> SimResult:
             t = timing.arrival(s.link, s.epoch)
             eventual[key3] = min(t, eventual.get(key3, t))
 
-    for s in sorted(schedule.sends, key=order):
-        where = f"send (epoch {s.epoch}, link {s.link}, source {s.source}, chunk {s.chunk})"
-        if not 0 <= s.link < len(links):
-            bad(f"{where}: no link {s.link} in {topo.name} ({len(links)} links)")
-            continue
-        if s.epoch < 0:
-            bad(f"{where}: negative epoch")
-            continue
-        if s.reduce:
-            bad(f"{where}: a reduction in a {demand.collective.value}, which only moves chunks")
-            continue
-        if (s.source, s.chunk) not in commodities:
-            bad(f"{where}: GPU {s.source} has no chunk {s.chunk} in this {demand.collective.value}")
-            continue
-        lk = links[s.link]
-        u, v = lk.src, lk.dst
-        if nodes[u].is_gpu:
-            h = 0 if u == s.source else hold.get((s.source, s.chunk, u))
-            if h is None or h > s.epoch:
-                h = h if h is not None else eventual.get((s.source, s.chunk, u))
-                when = "never" if h is None else f"only from epoch {h}"
-                bad(f"{where}: GPU {u} sends chunk ({s.source},{s.chunk}) it holds {when}")
-                continue
-        else:
-            key = (s.source, s.chunk, u, s.epoch)
-            arrived = at_switch.get(key, 0)
-            if arrived == 0:
-                bad(f"{where}: switch {u} forwards chunk ({s.source},{s.chunk}) that does not arrive in epoch {s.epoch}")
-                continue
-            switch_out[key] += 1
-            if not nodes[u].copy and switch_out[key] > arrived:
-                bad(f"{where}: switch {u} cannot copy, yet sends ({s.source},{s.chunk}) {switch_out[key]} times with {arrived} arrival(s)")
-                continue
+    def where(s) -> str:
+        return f"send (epoch {s.epoch}, link {s.link}, source {s.source}, chunk {s.chunk})"
+
+    def arrive(s) -> None:
         accepted.append(s)
         t = timing.arrival(s.link, s.epoch)
+        v = links[s.link].dst
         if nodes[v].is_gpu:
             key3 = (s.source, s.chunk, v)
             if key3 not in hold or t < hold[key3]:
                 hold[key3] = t
         else:
             at_switch[(s.source, s.chunk, v, t)] += 1
+
+    # Per epoch: the switches first (what arrived for this epoch, cut-through switches passing a
+    # chunk on to one another within the epoch, so in as many rounds as the chain is long), then
+    # the GPUs (a switch -> GPU hop may take no epoch: what the switches just delivered counts).
+    by_epoch: dict[int, tuple[list, list]] = defaultdict(lambda: ([], []))
+    for s in schedule.sends:
+        if not 0 <= s.link < len(links):
+            bad(f"{where(s)}: no link {s.link} in {topo.name} ({len(links)} links)")
+        elif s.epoch < 0:
+            bad(f"{where(s)}: negative epoch")
+        elif s.reduce:
+            bad(f"{where(s)}: a reduction in a {demand.collective.value}, which only moves chunks")
+        elif (s.source, s.chunk) not in commodities:
+            bad(f"{where(s)}: GPU {s.source} has no chunk {s.chunk} in this {demand.collective.value}")
+        else:
+            by_epoch[s.epoch][0 if not nodes[links[s.link].src].is_gpu else 1].append(s)
+    for e in sorted(by_epoch):
+        from_switches, from_gpus = by_epoch[e]
+        waiting = sorted(from_switches)
+        while waiting:
+            later = []
+            for s in waiting:
+                key = (s.source, s.chunk, links[s.link].src, e)
+                arrived = at_switch.get(key, 0)
+                if arrived > switch_out[key] or (arrived and nodes[links[s.link].src].copy):
+                    switch_out[key] += 1
+                    arrive(s)
+                else:
+                    later.append(s)
+            if len(later) == len(waiting):
+                break
+            waiting = later
+        for s in waiting:
+            u = links[s.link].src
+            key = (s.source, s.chunk, u, e)
+            arrived = at_switch.get(key, 0)
+            if arrived == 0:
+                bad(f"{where(s)}: switch {u} forwards chunk ({s.source},{s.chunk}) that does not arrive in epoch {s.epoch}")
+            else:
+                bad(f"{where(s)}: switch {u} cannot copy, yet sends ({s.source},{s.chunk}) {switch_out[key] + 1} times with {arrived} arrival(s)")
+        for s in sorted(from_gpus):
+            u = links[s.link].src
+            h = 0 if u == s.source else hold.get((s.source, s.chunk, u))
+            if h is None or h > s.epoch:
+                h = h if h is not None else eventual.get((s.source, s.chunk, u))
+                when = "never" if h is None else f"only from epoch {h}"
+                bad(f"{where(s)}: GPU {u} sends chunk ({s.source},{s.chunk}) it holds {when}")
+                continue
+            arrive(s)
 
     check_capacity(schedule, accepted, bad)
 
@@ -220,50 +237,63 @@ def _simulate_reduce(schedule: Schedule, max_violations: int) -> SimResult:
             bad(f"{where}: there is no (block {s.source}, chunk {s.chunk}) in this {demand.collective.value}")
         else:
             by_epoch[s.epoch].append(s)
-    for e in sorted(by_epoch):
-        pending.sort()
+    def drain(e: int) -> None:
         while pending and pending[0][0] <= e:
-            t, _, v, d, c, mask, reduce, li = pending.pop(0)
-            apply(t, v, d, c, mask, reduce, li)
-        # switches forward what arrives this epoch: the i-th send out (by link) takes the i-th
-        # arrival (by link) of that (block, chunk); a copy-capable switch may copy a plain copy
+            t, _, v2, d, c, mask, reduce, li = heapq.heappop(pending)
+            apply(t, v2, d, c, mask, reduce, li)
+
+    def send(s, e: int, mask: int) -> None:
+        nonlocal seq
+        seq += 1
+        accepted.append(s)
+        heapq.heappush(pending, (timing.arrival(s.link, e), seq, links[s.link].dst, s.source, s.chunk, mask, s.reduce, s.link))
+
+    def from_switch(s, e: int, last_round: bool) -> bool:
+        """Forward what arrived: the i-th send out (by link) takes the i-th arrival (by link) of
+        that (block, chunk); a copy-capable switch may copy a plain copy. Before the last round a
+        send with no arrival left waits (a cut-through switch upstream may still pass one on)."""
+        where = f"send (epoch {s.epoch}, link {s.link}, block {s.source}, chunk {s.chunk})"
+        u = links[s.link].src
+        key = (s.source, s.chunk, u, e)
+        queue = sorted(at_switch.get(key, []))
+        n = taken[key]
+        if n >= len(queue) and not last_round:
+            return False
+        taken[key] += 1
+        if not queue:
+            bad(f"{where}: switch {u} forwards (block {s.source}, chunk {s.chunk}) that does not arrive in epoch {e}")
+            return True
+        if n >= len(queue):
+            if s.reduce or any(r for _, _, r in queue):
+                bad(f"{where}: switch {u} sends (block {s.source}, chunk {s.chunk}) {n + 1} times with {len(queue)} arrival(s); a switch cannot copy a partial sum")
+                return True
+            if not nodes[u].copy:
+                bad(f"{where}: switch {u} cannot copy, yet sends (block {s.source}, chunk {s.chunk}) {n + 1} times with {len(queue)} arrival(s)")
+                return True
+            n = 0
+        _, mask, was_reduce = queue[n]
+        if was_reduce != s.reduce:
+            bad(f"{where}: switch {u} turns a {'reduction' if was_reduce else 'copy'} into a {'reduction' if s.reduce else 'copy'}")
+            return True
+        send(s, e, mask)
+        return True
+
+    for e in sorted(by_epoch):
+        drain(e)
         sends = sorted(by_epoch[e], key=lambda s: (nodes[links[s.link].src].is_gpu, s.link))
-        drained = False
+        waiting = [s for s in sends if not nodes[links[s.link].src].is_gpu]
+        while waiting:  # switches pass chunks on to one another within the epoch (cut-through)
+            later = [s for s in waiting if not from_switch(s, e, last_round=False)]
+            drain(e)
+            if len(later) == len(waiting):
+                for s in later:
+                    from_switch(s, e, last_round=True)
+                break
+            waiting = later
+        drain(e)  # a switch -> GPU hop may take no epoch: what the switches just delivered counts
         for s in sends:
-            where = f"send (epoch {s.epoch}, link {s.link}, block {s.source}, chunk {s.chunk})"
-            u, v = links[s.link].src, links[s.link].dst
-            if nodes[u].is_gpu and not drained:
-                # a switch -> GPU hop may take no epoch: what the switches just delivered counts
-                drained = True
-                pending.sort()
-                while pending and pending[0][0] <= e:
-                    t, _, v2, d, c, mask, reduce, li = pending.pop(0)
-                    apply(t, v2, d, c, mask, reduce, li)
-            if nodes[u].is_gpu:
-                mask = held(s.source, s.chunk, u)
-            else:
-                key = (s.source, s.chunk, u, e)
-                queue = sorted(at_switch.get(key, []))
-                n = taken[key]
-                taken[key] += 1
-                if not queue:
-                    bad(f"{where}: switch {u} forwards (block {s.source}, chunk {s.chunk}) that does not arrive in epoch {e}")
-                    continue
-                if n >= len(queue):
-                    if s.reduce or any(r for _, _, r in queue):
-                        bad(f"{where}: switch {u} sends (block {s.source}, chunk {s.chunk}) {n + 1} times with {len(queue)} arrival(s); a switch cannot copy a partial sum")
-                        continue
-                    if not nodes[u].copy:
-                        bad(f"{where}: switch {u} cannot copy, yet sends (block {s.source}, chunk {s.chunk}) {n + 1} times with {len(queue)} arrival(s)")
-                        continue
-                    n = 0
-                _, mask, was_reduce = queue[n]
-                if was_reduce != s.reduce:
-                    bad(f"{where}: switch {u} turns a {'reduction' if was_reduce else 'copy'} into a {'reduction' if s.reduce else 'copy'}")
-                    continue
-            seq += 1
-            accepted.append(s)
-            pending.append((timing.arrival(s.link, e), seq, v, s.source, s.chunk, mask, s.reduce, s.link))
+            if nodes[links[s.link].src].is_gpu:
+                send(s, e, held(s.source, s.chunk, links[s.link].src))
     pending.sort()
     for t, _, v, d, c, mask, reduce, li in pending:
         apply(t, v, d, c, mask, reduce, li)

@@ -6,8 +6,6 @@ writes MSCCL XML); only the CLI imports it."""
 
 from flowride.sweep.ranges import (
     DEFAULT_MAX_LOSS,
-    NCCL_TUNING_SOURCE,
-    PROTOCOL_RULE,
     Candidate,
     RangeAlgo,
     RangePlan,
@@ -17,13 +15,13 @@ from flowride.sweep.ranges import (
     export_ranges,
     export_unit,
     gpu_bus_GBps,
-    nccl_protocol,
     plan_ranges,
     split_by_loss,
     stale_files,
     write_ranges,
 )
 from flowride.sweep.synth import SweepPoint, sweep_sizes_for, synthesize_sweep
+from flowride.synth.nccl_tuning import NCCL_TUNING_SOURCE, PROTOCOL_RULE, nccl_protocol
 
 __all__ = [
     "DEFAULT_MAX_LOSS", "NCCL_TUNING_SOURCE", "PROTOCOL_RULE", "Candidate", "RangeAlgo", "RangePlan", "SizePick", "SweepPoint",

@@ -38,26 +38,13 @@ from flowride.program.msccl_limits import PROTOS
 from flowride.schedule.ir import Schedule
 from flowride.schedule.metrics import run_bytes
 from flowride.sweep.synth import SweepPoint, synthesize_sweep
+from flowride.synth.nccl_tuning import PROTOCOL_RULE, nccl_protocol
 from flowride.synth.options import SynthOptions
 from flowride.synth.result import Progress
 from flowride.topology.group import relay_ranks
 from flowride.topology.model import Topology
 from flowride.units import format_size
 
-# NCCL's ring cost model (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel and
-# ncclTopoGetAlgoTime), single node over NVLink: time = latency + bytes / (1000 * algbw) in us.
-# Latency: baseLat[Ring] + steps * hwLat[NVLink][Ring]; bus bandwidth per protocol: LL a third
-# (a quarter for AllReduce) of the link's, LL128 0.92 of it, Simple all of it. The constants are
-# those of NCCL v2.17 (the Ring values date back to the 2.4-era tuning.cc); later releases moved
-# them (e.g. Ring baseLat LL 6.6, LL128 14.0 and NVLink hwLat LL 0.6 in the 2.2x
-# ncclTunerConstantsDefaults) and cap LL/LL128 bandwidth per channel, which this leaves out.
-NCCL_TUNING_SOURCE = "NVIDIA/nccl v2.17 src/graph/tuning.cc"
-_BASE_LAT_US = {"LL": 3.6, "LL128": 10.0, "Simple": 8.4}
-_HW_LAT_US = {"LL": 0.47, "LL128": 1.9, "Simple": 3.4}
-PROTOCOL_RULE = (f"NCCL's ring cost model ({NCCL_TUNING_SOURCE}, single node, NVLink constants baseLat LL/LL128/Simple "
-                 "3.6/10.0/8.4 us, hwLat 0.47/1.9/3.4 us per step; newer NCCL releases use other values): per size the "
-                 "protocol of least latency + size / bandwidth, where LL has a third of the bus bandwidth (a quarter for "
-                 "AllReduce) and the lowest latency, LL128 0.92 of it, Simple all of it and the highest latency")
 DEFAULT_MAX_LOSS = 1.02  # a range's schedule may be at most 2% slower (modelled) than a size's own
 
 
@@ -68,21 +55,6 @@ def gpu_bus_GBps(topo: Topology) -> float:
         if lk.src in out:
             out[lk.src] += lk.bandwidth_GBps
     return min(out.values())
-
-
-def nccl_protocol(collective: Collective | str, n: int, size_bytes: int, bus_GBps: float) -> str:
-    """The protocol NCCL's ring model (see the module) predicts fastest for ``size_bytes``: LL for
-    small messages, LL128 between, Simple for large ones; the crossovers move with ``n`` and the
-    bus bandwidth. AlltoAll, which that model leaves out, is costed like AllGather."""
-    coll = collective if isinstance(collective, Collective) else Collective.parse(collective)
-    steps = 2 * (n - 1) if coll is Collective.ALLREDUCE else n - 1
-    share = {"LL": 0.25 if coll is Collective.ALLREDUCE else 1 / 3, "LL128": 0.92, "Simple": 1.0}
-
-    def time_us(p: str) -> float:
-        algbw = bus_GBps * share[p] * n / steps
-        return _BASE_LAT_US[p] + steps * _HW_LAT_US[p] + size_bytes / (1000 * algbw)
-
-    return min(("LL", "LL128", "Simple"), key=time_us)
 
 
 @dataclass(frozen=True)

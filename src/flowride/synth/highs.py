@@ -57,6 +57,7 @@ class SolveResult:
     gap: float | None
     seconds: float
     raw_status: str
+    row_dual: np.ndarray | None = None  # LPs only: HiGHS's row duals (for column generation)
 
 
 _INF = highspy.kHighsInf
@@ -150,4 +151,7 @@ def solve(model: MipModel, opts: SolveOptions) -> SolveResult:
     else:
         status = "error"
     obj = float(info.objective_function_value) if has_sol else None
-    return SolveResult(status, x, obj, gap, seconds, raw)
+    dual = None
+    if has_sol and not model.integer.any() and info.dual_solution_status == 2:
+        dual = np.array(h.getSolution().row_dual)
+    return SolveResult(status, x, obj, gap, seconds, raw, dual)

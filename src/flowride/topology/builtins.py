@@ -21,48 +21,24 @@ from pathlib import Path
 
 from flowride.errors import InputError
 from flowride.sizes import MAX_GPUS, MAX_LINKS
+from flowride.topology.fabrics import (
+    DGX1_ADJ,
+    FABRIC_PARAMS,
+    MI250_ADJ,
+    MI250_UNIT_GBPS,
+    build_fabric,
+)
 from flowride.topology.io import load_topology
 from flowride.topology.model import Link, Node, Topology
 
 US = 1e-6
 
-# DGX1 / one NDv2 chassis: hybrid cube-mesh NVLink, peer: GB/s.
-DGX1_ADJ: dict[int, dict[int, float]] = {
-    0: {1: 50, 2: 25, 3: 25, 4: 50},
-    1: {0: 50, 2: 25, 3: 50, 5: 25},
-    2: {0: 25, 1: 25, 3: 50, 6: 50},
-    3: {0: 25, 1: 50, 2: 50, 7: 25},
-    4: {0: 50, 5: 50, 6: 25, 7: 25},
-    5: {1: 25, 4: 50, 6: 25, 7: 50},
-    6: {2: 50, 4: 25, 5: 25, 7: 50},
-    7: {3: 25, 4: 25, 5: 50, 6: 50},
-}
 NVLINK_ALPHA = 0.7 * US
 NDV2_IB_GBPS, NDV2_IB_ALPHA = 12.5, 1.3 * US
 
 DGX2_GPU_GBPS, DGX2_NVSWITCH_ALPHA = 125.0, 0.35 * US
 DGX2_IB_GBPS, DGX2_IB_ALPHA = 12.5, 2.6 * US
 
-# AMD MI250 chassis: 16 GCDs, peer: units of 50 GB/s.
-MI250_UNIT_GBPS = 50.0
-MI250_ADJ: dict[int, dict[int, int]] = {
-    0: {1: 4, 4: 2, 8: 1},
-    1: {0: 4, 5: 1, 9: 1, 10: 1},
-    2: {3: 4, 6: 1, 10: 1, 9: 1},
-    3: {2: 4, 7: 2, 11: 1},
-    4: {6: 1, 5: 4, 0: 2},
-    5: {1: 1, 4: 4, 7: 1, 6: 1},
-    6: {4: 1, 7: 4, 2: 1, 5: 1},
-    7: {5: 1, 6: 4, 3: 2},
-    8: {0: 1, 9: 4, 12: 2},
-    9: {1: 1, 2: 1, 8: 4, 13: 1},
-    10: {1: 1, 2: 1, 11: 4, 14: 1},
-    11: {3: 1, 10: 4, 15: 2},
-    12: {8: 2, 13: 4, 14: 1},
-    13: {9: 1, 12: 4, 15: 1, 14: 1},
-    14: {10: 1, 12: 1, 13: 1, 15: 4},
-    15: {11: 2, 13: 1, 14: 4},
-}
 # Assumed (the shared notes give none for MI250): xGMI like NVLink, NICs like NDv2's InfiniBand.
 MI250_XGMI_ALPHA, MI250_NIC_GBPS, MI250_NIC_ALPHA = 0.7 * US, 25.0, 1.3 * US
 
@@ -337,6 +313,8 @@ BUILTINS: dict[str, BuiltinSpec] = {
     "torus": BuiltinSpec(torus, ("rows", "cols", "bandwidth", "alpha_us"), {"rows": 4, "cols": 4}),
     "full": BuiltinSpec(full, ("n", "bandwidth", "alpha_us"), {"n": 8}),
     "switch": BuiltinSpec(switch, ("n", "bandwidth", "alpha_us", "copy"), {"n": 8}),
+    # clusters: N nodes of a node type on a network (topology/fabrics.py)
+    "fabric": BuiltinSpec(build_fabric, FABRIC_PARAMS, {"node": "dgx-h100", "nodes": 2, "network": "rail"}),
 }
 
 
@@ -352,15 +330,18 @@ def build_topology(name: str, **params) -> Topology:
     return spec.build(**given)
 
 
-TOPOLOGY_PARAMS = ("chassis", "teccl_compat", "n", "rows", "cols", "bandwidth", "alpha_us")
+TOPOLOGY_PARAMS = ("chassis", "teccl_compat", "n", "rows", "cols", "bandwidth", "alpha_us") + FABRIC_PARAMS
 
 
-def resolve_topology(name: str, params: dict | None = None, switch_copy: bool | None = None) -> Topology:
+def resolve_topology(name: str, params: dict | None = None, switch_copy: bool | None = None,
+                     switching: str | None = None) -> Topology:
     """A topology JSON file (``name`` ending in .json, or an existing file) or a built-in built
     with ``params`` (None values are left out), then, if ``switch_copy`` is given, every switch
-    set to copy or not. Errors name the parameter at fault (``chassis``, ``teccl_compat``,
+    set to copy or not, and if ``switching`` is given, every switch cutting through or storing and
+    forwarding. Errors name the parameter at fault (``chassis``, ``teccl_compat``,
     ``switch_copy``, ...): a built-in parameter given with a file, ``teccl_compat`` for a built-in
-    without a published model, ``switch_copy`` for a topology without switches."""
+    without a published model, ``switch_copy`` or ``switching`` for a topology without switches,
+    ``switching`` with the published model (which has its own rule)."""
     given = {k: v for k, v in (params or {}).items() if v is not None}
     if name.endswith(".json") or Path(name).is_file():
         extra = [k for k in TOPOLOGY_PARAMS if k in given]
@@ -376,4 +357,12 @@ def resolve_topology(name: str, params: dict | None = None, switch_copy: bool | 
         if not topo.switches:
             raise InputError("switch_copy", f"{topo.name} has no switches", "leave --switch-copy out")
         topo = topo.with_switch_copy(switch_copy)
+    if switching is not None:
+        if not topo.switches:
+            raise InputError("switching", f"{topo.name} has no switches", "leave --switching out")
+        if topo.teccl_compat:
+            raise InputError("switching", "the published TE-CCL model has its own switch rule", "leave --switching out with --teccl-compat")
+        if switching not in ("cut-through", "store-and-forward"):
+            raise InputError("switching", f"{switching!r} is not a switching model", "use cut-through or store-and-forward")
+        topo = topo.with_switching(switching)
     return topo

@@ -210,7 +210,7 @@ def _finish(topo: Topology, members: tuple[int, ...], relay: bool, relays: tuple
     whole = len(members) == len(topo.gpus)
     info = {"of": base, "ranks": ranks, "relay": relay, "relays": relayed, "nodes": orig}
     return Topology(name, tuple(nodes), tuple(links), nominal_gpus=topo.nominal_gpus if whole else None, description=desc,
-                    teccl_compat=topo.teccl_compat, params={**topo.params, "group": info})
+                    teccl_compat=topo.teccl_compat, switching=topo.switching, params={**topo.params, "group": info})
 
 
 def select_group(topo: Topology, ranks: str, relay: bool = False) -> Topology:

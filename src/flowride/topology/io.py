@@ -46,6 +46,7 @@ def topology_to_dict(topo: Topology) -> dict[str, Any]:
         "description": topo.description,
         "nominal_gpus": topo.nominal_gpus,
         "teccl_compat": topo.teccl_compat,
+        "switching": topo.switching,
         "nodes": nodes,
         "links": links,
     }
@@ -72,6 +73,7 @@ class _TopologySpec(Strict):
     description: str = Field("", max_length=10_000)
     nominal_gpus: int | None = None
     teccl_compat: bool = False
+    switching: Literal["cut-through", "store-and-forward"] = "cut-through"
     nodes: list[_NodeSpec] = Field(max_length=MAX_NODES)
     links: list[_LinkSpec] = Field(max_length=MAX_LINKS)
 
@@ -84,6 +86,23 @@ def topology_from_dict(data: Any) -> Topology:
     schema = data.get("schema", SCHEMA)
     if schema != SCHEMA:
         raise InputError("schema", f"{schema!r} is not supported", f"use {SCHEMA!r}")
+    if "fabric" in data:  # a cluster described by its parts (topology/fabrics.py), built here
+        from dataclasses import replace
+
+        from flowride.topology.fabrics import fabric_from_dict
+
+        extra = sorted(set(data) - {"schema", "name", "description", "fabric", "switching"})
+        if extra:
+            raise InputError(f"topology.{extra[0]}", "does not go with a fabric", "give nodes and links, or a fabric, not both")
+        topo = fabric_from_dict(data["fabric"])
+        switching = data.get("switching", "cut-through")
+        if switching not in ("cut-through", "store-and-forward"):
+            raise InputError("switching", f"{switching!r} is not a switching model", "use cut-through or store-and-forward")
+        for key in ("name", "description"):
+            if key in data and not isinstance(data[key], str):
+                raise InputError(key, f"{data[key]!r} is not text", "give a string")
+        return replace(topo, name=data.get("name", topo.name)[:200], description=data.get("description", topo.description)[:10_000],
+                       switching=switching)
     spec = validated(_TopologySpec, data, "topology", "see docs/topology-json.md")
     for i, rn in enumerate(spec.nodes):
         if rn.kind == "switch" and rn.copy_ is None:
@@ -95,7 +114,7 @@ def topology_from_dict(data: Any) -> Topology:
     links = [Link(src=rl.src, dst=rl.dst, bandwidth_GBps=float(rl.bandwidth_GBps), alpha_s=float(rl.alpha_us) * 1e-6)
              for rl in spec.links]
     return Topology(name=spec.name, nodes=tuple(nodes), links=tuple(links), nominal_gpus=spec.nominal_gpus,
-                    description=spec.description, teccl_compat=spec.teccl_compat)
+                    description=spec.description, teccl_compat=spec.teccl_compat, switching=spec.switching)
 
 
 def save_topology(topo: Topology, path: str | Path) -> None:

@@ -66,6 +66,9 @@ class Topology:
     description: str = ""
     # Reproduce the published TE-CCL model's quirk: a switch -> GPU hop costs only its alpha.
     teccl_compat: bool = False
+    # How switches pass a chunk on (topology.timing.link_hop_delay): "cut-through" (NVSwitch,
+    # InfiniBand, Ethernet: a path pays its transmission once) or "store-and-forward".
+    switching: str = "cut-through"
     params: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -76,6 +79,8 @@ class Topology:
     # ---------------------------------------------------------------- validation
     def _validate(self) -> None:
         n = len(self.nodes)
+        if self.switching not in ("cut-through", "store-and-forward"):
+            raise InputError("switching", f"{self.switching!r} is not a switching model", "use cut-through or store-and-forward")
         if n == 0:
             raise InputError("nodes", "the topology has no nodes", "add at least two GPUs")
         if n > MAX_NODES:
@@ -212,6 +217,13 @@ class Topology:
         nodes = tuple(nd if nd.is_gpu else replace(nd, copy=copy) for nd in self.nodes)
         params = {**self.params, "switch_copy": copy}
         return replace(self, nodes=nodes, params=params)
+
+    def with_switching(self, switching: str) -> Topology:
+        """The same topology with its switches cutting through or storing and forwarding (the
+        CLI's ``--switching``; :func:`flowride.topology.timing.link_hop_delay`)."""
+        from dataclasses import replace
+
+        return replace(self, switching=switching, params={**self.params, "switching": switching})
 
     def summary(self) -> str:
         return f"{self.name}: {len(self.gpus)} GPUs, {len(self.switches)} switches, {len(self.links)} links"

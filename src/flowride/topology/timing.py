@@ -8,10 +8,15 @@ This is the physics both the formulation (``flowride.synth``) and the simulator
   ``b = ceil(1/(cap*tau)) - 1`` extra epochs and at most ``floor((b+1)*cap*tau)`` chunks start in
   any b+1 consecutive epochs;
 - alpha: ``a = ceil(alpha/tau)`` whole epochs, taken as 0 when alpha/tau <= 0.1;
-- a chunk sent into a GPU or a switch in epoch k arrives at the start of epoch k + 1 + a + b;
-  a switch forwards it in that very epoch, and a switch -> GPU hop adds its ``a + b``
-  (cut-through: one transmission per GPU -> switch -> GPU transfer, its capacity still counted).
-  The TE-CCL compat topologies charge that hop only ``a``, as the published model does.
+- a chunk sent into a GPU in epoch k arrives at the start of epoch k + 1 + a + b;
+- switches (the topology's ``switching``, :func:`link_hop_delay`): by default they cut through,
+  as NVSwitch, InfiniBand and Ethernet switches do: a path through switches pays its
+  transmission once, at its slowest hop, plus every hop's alpha. A switch forwards a chunk in the
+  epoch its head arrives there; the delay into a switch is its alpha (plus, from a GPU, the one
+  transmission epoch, and the extra epochs by which this link is slower than the switch's
+  fastest way out), and the hop out to a GPU adds ``a + b``. ``store-and-forward`` charges every
+  hop its own beta (the rule of flowride before cut-through was modelled), and the TE-CCL compat
+  topologies keep the published rule (a switch -> GPU hop costs only ``a``).
 """
 
 from __future__ import annotations
@@ -57,15 +62,36 @@ class EpochTiming:
         return epoch + int(self.hop_delay[link])
 
 
-def link_hop_delay(src_switch: bool, dst_switch: bool, a: int, b: int, teccl_compat: bool = False) -> int:
-    """Epochs between a send and its arrival: 1 + a + b into a GPU or a switch. Out of a switch
-    into a GPU the transfer is already under way (cut-through), so it adds a + b: its latency, and
-    the extra epochs a chunk needs on that link when it is slower than one chunk per epoch. The
-    published TE-CCL model charges only a there (``teccl_compat``), which lets a chunk cross a slow
-    switch -> GPU link faster than its bandwidth allows."""
-    if src_switch and not dst_switch:
-        return a if teccl_compat else a + b
-    return 1 + a + b
+SWITCHING = ("cut-through", "store-and-forward")
+
+
+def link_hop_delay(src_switch: bool, dst_switch: bool, a: int, b: int, teccl_compat: bool = False,
+                   switching: str = "cut-through", b_out_min: int = 0, copy_end: bool = False) -> int:
+    """Epochs between a send and its arrival (into a GPU: it holds the chunk; into a switch: the
+    switch forwards it in that epoch).
+
+    - into a GPU from a GPU: ``1 + a + b`` (one transmission, its latency, its extra epochs when
+      the link carries less than one chunk per epoch);
+    - into a GPU from a switch: ``a + b``: the transfer is already under way;
+    - ``cut-through`` (the physical default), into a switch: ``a`` plus ``max(0, b - b_out_min)``,
+      the epochs by which this link is slower than the switch's fastest way out (so a chunk that
+      comes in slowly does not leave faster than it came), plus 1 from a GPU (the transmission
+      starts there) or where either end copies (a copying switch needs a real epoch between two
+      switches, or a chunk could circle between them in no time and be copied out of nothing).
+      A GPU -> switch* -> GPU path then costs ``1 + sum(a) + max(b)`` when the switches' links out
+      to the path's next hop are their fastest, and never less;
+    - ``store-and-forward``, into a switch: ``1 + a + b`` (every hop pays its own beta: flowride's
+      rule before cut-through was modelled);
+    - the published TE-CCL model (``teccl_compat``): ``1 + a + b`` into a switch and only ``a``
+      out of one, which lets a chunk cross a slow switch -> GPU link faster than its bandwidth."""
+    if not dst_switch:
+        if src_switch:
+            return a if teccl_compat else a + b
+        return 1 + a + b
+    if teccl_compat or switching == "store-and-forward":
+        return 1 + a + b
+    first = 1 if (not src_switch or copy_end) else 0
+    return first + a + max(0, b - b_out_min)
 
 
 def resolve_tau(topo: Topology, chunk_bytes: float, epoch: str | float) -> tuple[float, float]:
@@ -114,5 +140,12 @@ def epoch_timing(topo: Topology, chunk_bytes: float, epoch: str | float = "fast"
         win[i] = _floor((b[i] + 1) * cap[i])
         src_sw[i] = not topo.nodes[lk.src].is_gpu
         dst_sw[i] = not topo.nodes[lk.dst].is_gpu
-        delay[i] = link_hop_delay(bool(src_sw[i]), bool(dst_sw[i]), int(a[i]), int(b[i]), topo.teccl_compat)
+    b_out_min = np.zeros(topo.num_nodes, dtype=np.int64)
+    if len(b):
+        b_out_min[:] = np.iinfo(np.int64).max
+        np.minimum.at(b_out_min, topo.link_ends[0], b)
+    for i, lk in enumerate(topo.links):
+        copy_end = bool(src_sw[i] and dst_sw[i] and (topo.nodes[lk.src].copy or topo.nodes[lk.dst].copy))
+        delay[i] = link_hop_delay(bool(src_sw[i]), bool(dst_sw[i]), int(a[i]), int(b[i]), topo.teccl_compat,
+                                  topo.switching, int(b_out_min[lk.dst]), copy_end)
     return EpochTiming(tau, float(chunk_bytes), requested, cap, a, b, win, delay, src_sw, dst_sw)

@@ -1,0 +1,227 @@
+"""Packed trees (:mod:`flowride.synth.packing`) turned into an epoch schedule.
+
+Each root's block is cut into the demand's chunks; chunk c of root r rides one of r's trees, the
+trees taking chunks in proportion to their shares (weighted round robin, so the first chunks
+already use every tree). A tree edge out of a GPU is one transfer: the GPU puts the chunk on its
+route, and where the route ends at a copying switch, that switch's own edges follow in the same
+placement (a switch forwards in the epoch a chunk arrives), so one placement is a small tree of
+(link, offset) hops.
+
+Transfers are list-scheduled in time order: the one that can start earliest is placed first (ties:
+the older chunk, then the one with more of its tree below it), each at the earliest epoch where
+every hop has room in its capacity window (:meth:`flowride.schedule.links.LinkBook.place`). A
+transfer whose earliest start moved past its turn goes back in the queue at that start, so a
+relay of an old chunk is never stuck behind a root's later chunks on a shared link.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from flowride.schedule.links import LinkBook
+from flowride.synth.packing import PackedTree, Packing, TreeEdge
+from flowride.topology.model import Topology
+from flowride.topology.timing import EpochTiming
+
+
+def deal_chunks(trees: list[PackedTree], chunks: int) -> list[int]:
+    """Tree index per chunk: chunks in proportion to the trees' shares (largest remainders), dealt
+    so that every prefix of the chunks is as close to those shares as whole chunks allow."""
+    w = np.array([t.weight for t in trees], dtype=np.float64)
+    w = w / w.sum()
+    quota = w * chunks
+    n = np.floor(quota).astype(np.int64)
+    short = chunks - int(n.sum())
+    if short:
+        n[np.argsort(-(quota - n), kind="stable")[:short]] += 1
+    keep = n > 0
+    out = []
+    given = np.zeros(len(trees))
+    for _ in range(chunks):
+        # the tree furthest behind its share of what has been dealt so far
+        lag = np.where(keep & (given < n), (given + 0.5) / np.maximum(n, 1), np.inf)
+        t = int(np.argmin(lag))
+        out.append(t)
+        given[t] += 1
+    return out
+
+
+@dataclass
+class _Unit:
+    """One transfer of a tree: ``sender`` puts the chunk on ``prefix`` (its route to a GPU, or to a
+    copying switch), and at a copying switch each of ``branches`` carries it on to one child's
+    subtree in the epoch it arrives. Offsets count from the send."""
+
+    sender: int
+    prefix: list[tuple[int, int]]  # (link, offset)
+    reached: list[tuple[int, int, int]]  # GPUs the prefix reaches: (gpu, last link, its offset)
+    branches: list[tuple[list[tuple[int, int]], list[tuple[int, int, int]]]]  # (hops, reached) per child
+    height: int = 0  # epochs on the longest way down from here (this transfer and those after it)
+    splittable: bool = False  # the prefix is on one-epoch links: a copy may be sent again for some children
+
+    def hops(self, branches=None) -> list[tuple[int, int]]:
+        return self.prefix + [h for hops, _ in (self.branches if branches is None else branches) for h in hops]
+
+    def all_reached(self, branches=None) -> list[tuple[int, int, int]]:
+        return self.reached + [r for _, reached in (self.branches if branches is None else branches) for r in reached]
+
+
+def _units(topo: Topology, timing: EpochTiming, tree: PackedTree) -> tuple[list[_Unit], dict[int, list[int]]]:
+    """The tree's transfers and, per GPU, the indices of those it sends."""
+    out_of: dict[int, list[TreeEdge]] = {}
+    for e in tree.edges:
+        out_of.setdefault(e.parent, []).append(e)
+    nodes = topo.nodes
+
+    def grow(e: TreeEdge, start: int, hops: list, reached: list) -> None:
+        off, last = start, start
+        for li in e.links:
+            hops.append((li, off))
+            last = off
+            off += int(timing.hop_delay[li])
+        if nodes[e.child].is_gpu:
+            reached.append((e.child, e.links[-1], last))
+        else:  # a copying switch: its edges leave in the epoch the chunk arrives
+            for f in out_of.get(e.child, []):
+                grow(f, off, hops, reached)
+
+    units: list[_Unit] = []
+    for g in [tree.root] + [e.child for e in tree.edges if nodes[e.child].is_gpu]:
+        for e in out_of.get(g, []):
+            prefix: list[tuple[int, int]] = []
+            reached: list[tuple[int, int, int]] = []
+            if nodes[e.child].is_gpu:
+                grow(e, 0, prefix, reached)
+                units.append(_Unit(g, prefix, reached, []))
+                continue
+            off = 0
+            for li in e.links:
+                prefix.append((li, off))
+                off += int(timing.hop_delay[li])
+            branches = []
+            for f in out_of.get(e.child, []):
+                hops: list[tuple[int, int]] = []
+                got: list[tuple[int, int, int]] = []
+                grow(f, off, hops, got)
+                branches.append((hops, got))
+            single_epoch = all(int(timing.beta_epochs[li]) == 0 for li, _ in prefix)
+            units.append(_Unit(g, prefix, [], branches, splittable=single_epoch and len(branches) > 1))
+    by_sender: dict[int, list[int]] = {}
+    for i, u in enumerate(units):
+        by_sender.setdefault(u.sender, []).append(i)
+    done: dict[int, int] = {}
+
+    def tall(i: int) -> int:
+        if i not in done:
+            u = units[i]
+            span = max(off + int(timing.hop_delay[li]) + int(timing.beta_epochs[li]) for li, off in u.hops())
+            done[i] = span + max((tall(j) for v, _, _ in u.all_reached() for j in by_sender.get(v, [])), default=0)
+        return done[i]
+
+    for i, u in enumerate(units):
+        u.height = tall(i)
+    return units, by_sender
+
+
+def forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, order: str = "slack",
+                 split: bool = True) -> list[tuple[int, int, int, int]]:
+    """The AllGather's sends along ``packing``'s trees at ``timing`` (see the module).
+
+    ``order`` ranks transfers that can start in the same epoch: "slack" (default: the chunk's turn
+    in the packing's fluid time less the epochs still below the transfer, so the transfer that
+    would fall furthest behind the fluid schedule goes first) or "chunk" (older chunks first, then
+    deeper subtrees). ``split``: a multicast through a copying switch whose children's links are
+    not all free may go to those that are now and be sent again for the rest later (only where the
+    sender's way to the switch is on one-epoch links, so the extra copy costs little)."""
+    chunks = demand.chunks
+    per = demand.chunk_bytes / packing.rate_Bps / timing.tau  # epochs per chunk of a root, fluid
+
+    def prio(c: int, u: _Unit) -> tuple:
+        return (c, -u.height) if order == "chunk" else (c * per - u.height, c)
+
+    book = LinkBook(timing)
+    plans: dict[tuple[int, int], tuple[list[_Unit], dict[int, list[int]]]] = {}
+    heap: list = []  # (start, priority, priority, seq, source, chunk, unit, branches or None)
+    seq = 0
+    cache: dict[int, tuple] = {}
+    for root, trees in packing.trees.items():
+        for c, ti in enumerate(deal_chunks(trees, chunks)):
+            key = id(trees[ti])
+            if key not in cache:
+                cache[key] = _units(topo, timing, trees[ti])
+            units, by_sender = plans[(root, c)] = cache[key]
+            for i in by_sender.get(root, []):
+                heap.append((0, *prio(c, units[i]), seq, root, c, i, None))
+                seq += 1
+    heapq.heapify(heap)
+    hold: dict[tuple[int, int, int], int] = {}
+    sends: list[tuple[int, int, int, int]] = []
+
+    def commit(s: int, c: int, k: int, hops, reached) -> None:
+        nonlocal seq
+        sends.extend((k + off, li, s, c) for li, off in hops)
+        units, by_sender = plans[(s, c)]
+        for v, li, off in reached:
+            if (s, c, v) in hold:
+                continue
+            t = hold[(s, c, v)] = timing.arrival(li, k + off)
+            for j in by_sender.get(v, []):
+                heapq.heappush(heap, (t, *prio(c, units[j]), seq, s, c, j, None))
+                seq += 1
+
+    while heap:
+        start, p1, p2, _, s, c, i, left = heapq.heappop(heap)
+        u = plans[(s, c)][0][i]
+        branches = u.branches if left is None else left
+        hops = u.hops(branches)
+        k = book.place(hops, start)
+        if k == start:
+            commit(s, c, k, hops, u.all_reached(branches))
+            continue
+        for li, off in hops:
+            book.release(li, k + off)
+        kp = book.place(u.prefix, start) if split and u.splittable else None
+        if kp is not None and kp != start:
+            for li, off in u.prefix:
+                book.release(li, kp + off)
+        elif kp is not None:
+            now = []  # the children whose whole subtree has room now
+            for br in branches:
+                kb = book.place(br[0], start)
+                if kb == start:
+                    now.append(br)
+                else:  # undo a probe that had to move on
+                    for li, off in br[0]:
+                        book.release(li, kb + off)
+            if now:
+                rest = [br for br in branches if br not in now]
+                commit(s, c, start, u.prefix + [h for hops_, _ in now for h in hops_], [r for _, got in now for r in got])
+                heapq.heappush(heap, (start + 1, p1, p2, seq, s, c, i, rest))
+                seq += 1
+                continue
+            for li, off in u.prefix:
+                book.release(li, start + off)
+        heapq.heappush(heap, (k, p1, p2, seq, s, c, i, left))
+        seq += 1
+    sends.sort()
+    return sends
+
+
+def chunk_candidates(max_chunks: int, start: int = 1) -> list[int]:
+    """Chunk counts to try, doubling: 1, 2, 4, ... up to ``max_chunks``."""
+    out = []
+    c = max(1, start)
+    while c <= max_chunks:
+        out.append(c)
+        c *= 2
+    return out or [1]
+
+
+def sends_estimate(packing: Packing, chunks: int) -> int:
+    """About how many sends the schedule at ``chunks`` will have (to stay inside a budget)."""
+    per_root = [sum(t.weight * sum(len(e.links) for e in t.edges) for t in trees) for trees in packing.trees.values()]
+    return int(math.ceil(sum(per_root) * chunks))
