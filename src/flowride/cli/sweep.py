@@ -160,14 +160,18 @@ def synth_sweep(a: argparse.Namespace, topo, sizes: list[int], epoch, speedups) 
         return 0
     rep = points[0].outcome.report()
     t = SweepTable(f"{rep['collective']} on {rep['topology']} ({rep['gpus']} GPUs), times modelled by the epoch simulator; "
-                   f"sizes rounded to whole float32 elements, {a.chunks} chunk(s) per block",
+                   f"sizes rounded to whole float32 elements, chunks per block: {a.chunks}; NCCL: its best algorithm modelled "
+                   "on the same topology and epochs",
                    _NCCL_COLUMNS + [("modelled", "time", "(us)"), ("modelled", "algbw", "(GB/s)"), ("modelled", "busbw", "(GB/s)"),
+                                    ("NCCL", "time", "(us)"), ("NCCL", "algorithm", ""), ("NCCL", "speedup", ""),
                                     ("synthesis", "bound", "(us)"), ("synthesis", "ratio", ""), ("synthesis", "epochs", ""),
                                     ("synthesis", "chunks", ""), ("synthesis", "method", ""), ("synthesis", "status", "")])
     for r in rows:
         method = str(r["method"]).removesuffix(WARM_TAG) + (" +warm" if r["warm_start_won"] else "")
         t.add_row(r["size"], r["count"], r["type"], r["redop"], _time(r["time_us"]), _f(r["algbw_GBps"], ".2f"),
-                  _f(r["busbw_GBps"], ".2f"), _time(r["lower_bound_us"]), _f(r["ratio_to_lower_bound"], ".3f"), r["epochs"],
+                  _f(r["busbw_GBps"], ".2f"), _time(r["nccl_us"]) if r["nccl_us"] else "-", r["nccl_best"] or "-",
+                  _f(r["speedup_vs_nccl"], ".2f") if r["speedup_vs_nccl"] else "-",
+                  _time(r["lower_bound_us"]), _f(r["ratio_to_lower_bound"], ".3f"), r["epochs"],
                   r["chunks"], method, r["status"])
     t.print()
     won = sum(r["warm_start_won"] for r in rows)

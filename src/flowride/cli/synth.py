@@ -33,64 +33,67 @@ def _epoch(text: str) -> str | float:
     return v
 
 
+def _chunks(text: str) -> int | str:
+    """``auto`` or a whole number of chunks (argparse type of ``--chunks``)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    return integer(1, MAX_CHUNKS, "chunks, or auto")(text)
+
+
 class _ProgressView:
-    """Live one-line status while solving: method, stage (window, probe or tree shape), best
-    finish so far, gap to the epoch lower bound, elapsed time."""
+    """Live one-line status while solving: method, stage (chunk count, window, probe or tree
+    shape), the best finish so far in microseconds (as the report will state it) and its ratio to
+    the lower bound, elapsed time."""
 
     def __init__(self, status) -> None:
         self.status = status
         self.t0 = time.perf_counter()
         self.method = "bounds"
-        self.best: int | None = None  # epochs of the best verified schedule so far
-        self.lo: int | None = None
-        self.tau: float | None = None
+        self.best_us: float | None = None  # finish of the best verified schedule so far
+        self.bound_us: float | None = None
 
     def _best(self) -> str:
-        if self.best is None:
+        if self.best_us is None:
             return ""
-        fin = f" = {self.best * self.tau * 1e6:.4g} us" if self.tau else ""
-        gap = f", gap {self.best - self.lo} epochs over the bound {self.lo}" if self.lo is not None else ""
-        return f" | best {self.best} epochs{fin}{gap}"
+        ratio = f" ({self.best_us / self.bound_us:.3f}x the bound)" if self.bound_us else ""
+        return f" | best {self.best_us:.4g} us{ratio}"
 
     def __call__(self, ev: dict) -> None:
         el = time.perf_counter() - self.t0
         stage = ev["stage"]
-        self.tau = ev.get("tau", self.tau)
-        if "lo" in ev and stage in ("bounds", "method"):
-            self.lo = ev["lo"]
-        if stage in ("bounds", "method"):
-            self.best = ev["hi"] if self.best is None else min(self.best, ev["hi"])
+        if ev.get("best_us") is not None:
+            self.best_us = ev["best_us"] if self.best_us is None else min(self.best_us, ev["best_us"])
+        if ev.get("bound_us"):
+            self.bound_us = ev["bound_us"]
         loud = False
         # the method each stage belongs to (auto runs several in turn)
         self.method = {"trees": "trees", "window": "astar", "probe": "milp", "probed": "milp", "lp": "lp",
                        "lp-probed": "lp", "integral": "lp", "static-lp": "lp"}.get(stage, self.method)
         if stage == "bounds":
             msg = f"baseline {ev['baseline']}"
+        elif stage == "nccl":
+            msg = f"NCCL's best modelled algorithm: {ev['algorithm']}, {ev['nccl_us']:.4g} us"
+        elif stage == "chunks":
+            msg = f"{ev['chunks']} chunk(s) per block ({ev['i']}/{ev['of']})" + (f", {ev['search']} search" if ev.get("search") else "")
         elif stage == "method":
             if ev["method"] != "incumbent":
                 self.method = ev["method"]
             msg = f"MILP of {ev['columns']:,} columns" if ev["method"] == "milp" and ev.get("columns") else "best so far"
-            loud = True
         elif stage == "trees":
-            self.best = min(self.best or ev["best"], ev["best"])
             msg = f"tree shape {ev['variant']} ({ev['i']}/{ev['of']}): {ev['epochs']} epochs"
         elif stage == "probe":
             msg = f"probe {ev['T']} epochs (search [{ev['lo']}, {ev['hi']}])"
         elif stage == "probed":
-            self.lo = max(self.lo or 0, ev["lo"])  # every horizon below is proven infeasible
-            if ev["outcome"] == "feasible":
-                self.best = min(self.best or ev["T"], ev["T"])
             msg = f"probe {ev['T']} epochs: {ev['outcome']} (search [{ev['lo']}, {ev['hi']}])"
             loud = True
         elif stage == "window":
             msg = f"window {ev['window']} at epoch {ev['start_epoch']}: {ev['delivered']}/{ev['needed']} delivered"
         elif stage == "decompose":
-            self.best = min(self.best or ev["epochs"], ev["epochs"])
             msg = "LP flow decomposed into sends"
             loud = True
         else:  # the LP method's other stages: print what they report
             msg = f"{stage}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in ev.items()
-                                           if k not in ("stage", "elapsed"))
+                                           if k not in ("stage", "elapsed", "best_us", "bound_us"))
         line = escape(f"[{self.method}] {msg}{self._best()}")
         if loud:
             err.print(f"  {line}  [{el:.1f}s]", highlight=False)
@@ -115,6 +118,16 @@ def _result_table(rep: dict) -> Table:
         if rep["lower_bounds_us"].get(kind):
             t.add_row(what, f"{rep['lower_bounds_us'][kind]:.3f} us")
     t.add_row(f"{rep['baseline']} baseline", f"{rep['baseline_us']:.3f} us; ours is {rep['speedup_vs_baseline']:.2f}x faster")
+    if rep.get("nccl"):
+        n = rep["nccl"]
+        algos = ", ".join(f"{k} {v:.4g}{'' if n['how'][k] == 'simulated' else ' (' + n['how'][k] + ')'}" for k, v in n["algorithms"].items())
+        t.add_row("NCCL, modelled", f"best {n['best']} {n['best_us']:.3f} us; ours is {rep['speedup_vs_nccl']:.2f}x faster ({algos} us)")
+        tb = n["tuning"]
+        if tb.get("best"):
+            t.add_row("NCCL's own estimate", f"{tb['best']} ({tb['protocols'][tb['best']]}) {tb['best_us']:.3f} us")
+    if rep.get("chunks_requested") == "auto" and rep.get("chunk_search"):
+        tried = sorted({r["chunks"] for r in rep["chunk_search"]})
+        t.add_row("chunks", f"{rep['chunks']} per block (auto: tried {', '.join(map(str, tried))})")
     t.add_row("solver time", f"{rep['solver_time_s']:.2f} s (wall {rep['wall_time_s']:.2f} s, {len(rep['probes'])} probes)")
     asked = rep.get("method_requested")
     t.add_row("method", f"{rep['method']}" + (f" (asked: {asked})" if asked and asked != rep["method"] else "")
@@ -211,7 +224,9 @@ def add_synth(sub) -> None:
     s.add_argument("--collective", "-c", default="allgather", help="allgather, alltoall, reducescatter or allreduce")
     s.add_argument("--size", "-s", help="buffer per GPU (AllGather output, ReduceScatter input), e.g. 16MB, 1GiB (or a sweep: see below)")
     s.add_argument("--epoch", default="fast", help="epoch length: fast, slow or seconds")
-    s.add_argument("--chunks", type=integer(1, MAX_CHUNKS, "chunks"), default=1, help="chunks per source block")
+    s.add_argument("--chunks", type=_chunks, default="auto",
+                   help="chunks per source block: auto (default: counts searched within --time-limit, 60 s without one, "
+                        "the best kept) or a count")
     s.add_argument("--time-limit", type=SECONDS, help="seconds for the whole search; the best schedule so far is returned")
     s.add_argument("--mip-gap", type=number(0, 1, what="a ratio"), help="relative MIP gap at which a probe may stop")
     s.add_argument("--threads", type=THREADS, help="solver threads")

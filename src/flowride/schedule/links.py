@@ -25,6 +25,8 @@ class LinkBook:
         self.timing = timing
         self._b = timing.beta_epochs.astype(np.int64)
         self._cap = timing.window_cap.astype(np.int64)
+        self._bs = self._b.tolist()  # plain ints for the hot checks
+        self._caps = self._cap.tolist()
         self._rows: dict[int, np.ndarray] = {}
         self._open: dict[int, int] = {}  # per link: every epoch below this one is full
 
@@ -33,14 +35,27 @@ class LinkBook:
         return int(row[k]) if row is not None and 0 <= k < len(row) else 0
 
     def fits(self, link: int, k: int) -> bool:
-        cap = int(self._cap[link])
+        cap = self._caps[link]
         row = self._rows.get(link)
         if row is None:
             return cap >= 1
-        b = int(self._b[link])
+        b = self._bs[link]
         if b == 0:
             return (int(row[k]) if k < len(row) else 0) < cap
         lo, hi = max(0, k - b), min(len(row), k + b + 1)
+        if hi <= lo:
+            return cap >= 1
+        if b <= 32:  # short windows: a sliding sum in plain Python beats numpy's per-call overhead
+            w = [0] * (lo - (k - b)) + row[lo:hi].tolist()
+            w += [0] * (2 * b + 1 - len(w))
+            run = sum(w[: b + 1])
+            if run >= cap:
+                return False
+            for j in range(b):  # windows starting at k-b+1 .. k
+                run += w[j + b + 1] - w[j]
+                if run >= cap:
+                    return False
+            return True
         w = np.zeros(2 * b + 1, dtype=np.int64)  # epochs k-b .. k+b
         if hi > lo:
             w[lo - (k - b): hi - (k - b)] = row[lo:hi]
@@ -64,7 +79,10 @@ class LinkBook:
         n = len(row)
         if k >= n + b:
             return k
-        if b == 0:  # one-epoch windows: the first epoch not yet full
+        if b == 0:  # one-epoch windows: the first epoch not yet full (a short look first, then numpy)
+            for j in range(k, min(n, k + 16)):
+                if row[j] < cap:
+                    return j
             free = np.flatnonzero(row[k:] < cap)
             return k + int(free[0]) if free.size else n
         lo = k - b  # window starts from lo (maybe negative: such windows hold epochs 0.. only)

@@ -59,23 +59,26 @@ class SweepPoint:
             "lower_bound_us": rep["lower_bound_us"], "ratio_to_lower_bound": rep["ratio_to_lower_bound"],
             "epochs": rep["epochs"], "epoch_lower_bound": rep["epoch_lower_bound"], "chunks": rep["chunks"],
             "method": rep["method"], "status": rep["status"], "warm_start": self.warm, "warm_start_won": self.warm_won,
+            "nccl_us": rep["nccl"]["best_us"] if rep["nccl"] else None, "nccl_best": rep["nccl"]["best"] if rep["nccl"] else None,
+            "speedup_vs_nccl": rep["speedup_vs_nccl"],
             "seconds": self.seconds, "requested": self.requested,
         }
 
 
-def sweep_sizes_for(topo: Topology, sizes: list[int], chunks: int) -> dict[int, list[int]]:
+def sweep_sizes_for(topo: Topology, sizes: list[int], chunks: int | str) -> dict[int, list[int]]:
     """Each requested size rounded as a run rounds it (:func:`~flowride.schedule.metrics.run_bytes`
     over the topology's ranks and ``chunks``), smallest first, with the requested sizes it covers;
     so a synthesized row and a measured row of the same size agree."""
     if not sizes:
         raise InputError("sizes", "none given", "give at least one size")
     out: dict[int, list[int]] = {}
+    per = chunks if isinstance(chunks, int) else 1  # "auto": whole elements per rank; the count is chosen per size
     for s in sorted(sizes):
-        out.setdefault(run_bytes(s, topo.buffer_ranks, chunks, ELEMENT_BYTES), []).append(s)
+        out.setdefault(run_bytes(s, topo.buffer_ranks, per, ELEMENT_BYTES), []).append(s)
     return out
 
 
-def synthesize_sweep(topo: Topology, collective: Collective | str, sizes: list[int], chunks: int = 1,
+def synthesize_sweep(topo: Topology, collective: Collective | str, sizes: list[int], chunks: int | str = 1,
                      opts: SynthOptions | None = None, progress: Progress | None = None,
                      warm_start: bool = True) -> list[SweepPoint]:
     """Synthesize ``collective`` on ``topo`` at every size (rounded: :func:`sweep_sizes_for`),

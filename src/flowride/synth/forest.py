@@ -17,7 +17,7 @@ relay of an old chunk is never stuck behind a root's later chunks on a shared li
 from __future__ import annotations
 
 import heapq
-import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,8 +127,25 @@ def _units(topo: Topology, timing: EpochTiming, tree: PackedTree) -> tuple[list[
     return units, by_sender
 
 
+class _Move:
+    """Maps a rep tree's node and link ids to another root's (the symmetry's element), or nothing."""
+
+    def __init__(self, node=None, link=None) -> None:
+        self.node = node
+        self.link = link
+
+    def hops(self, hops: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        return hops if self.link is None else [(self.link[li], off) for li, off in hops]
+
+    def reached(self, reached: list[tuple[int, int, int]]) -> list[tuple[int, int, int, int]]:
+        """(GPU, link, offset, the GPU in the rep tree's ids)."""
+        if self.node is None:
+            return [(v, li, off, v) for v, li, off in reached]
+        return [(self.node[v], self.link[li], off, v) for v, li, off in reached]
+
+
 def forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, order: str = "slack",
-                 split: bool = True) -> list[tuple[int, int, int, int]]:
+                 split: bool = True, serial: bool = False, deadline: float | None = None) -> list[tuple[int, int, int, int]] | None:
     """The AllGather's sends along ``packing``'s trees at ``timing`` (see the module).
 
     ``order`` ranks transfers that can start in the same epoch: "slack" (default: the chunk's turn
@@ -136,92 +153,119 @@ def forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, 
     would fall furthest behind the fluid schedule goes first) or "chunk" (older chunks first, then
     deeper subtrees). ``split``: a multicast through a copying switch whose children's links are
     not all free may go to those that are now and be sent again for the rest later (only where the
-    sender's way to the switch is on one-epoch links, so the extra copy costs little)."""
+    sender's way to the switch is on one-epoch links, so the extra copy costs little). ``serial``:
+    each transfer placed once, in priority order, at its earliest fit (faster, sometimes better).
+    ``deadline`` (a ``time.perf_counter()`` value): past it the scheduling stops and None is returned.
+    A symmetric packing's trees are moved to each root on the fly (one set of transfers per rep)."""
     chunks = demand.chunks
+    ticks = 0
     per = demand.chunk_bytes / packing.rate_Bps / timing.tau  # epochs per chunk of a root, fluid
 
     def prio(c: int, u: _Unit) -> tuple:
         return (c, -u.height) if order == "chunk" else (c * per - u.height, c)
 
     book = LinkBook(timing)
-    plans: dict[tuple[int, int], tuple[list[_Unit], dict[int, list[int]]]] = {}
-    heap: list = []  # (start, priority, priority, seq, source, chunk, unit, branches or None)
+    plans: dict[tuple[int, int], tuple[list[_Unit], dict[int, list[int]], _Move]] = {}
+    heap: list = []  # (start, priority, priority, seq, source, chunk, unit, branches or None); serial: priorities first
     seq = 0
     cache: dict[int, tuple] = {}
-    for root, trees in packing.trees.items():
-        for c, ti in enumerate(deal_chunks(trees, chunks)):
+    dealt: dict[int, list[int]] = {}
+    moves: dict[int, _Move] = {}
+    images = packing.images
+    for root in packing.roots():
+        g, rep = images.of_root[root] if images else (0, root)
+        trees = packing.trees[rep]
+        if rep not in dealt:
+            dealt[rep] = deal_chunks(trees, chunks)
+        if g not in moves:
+            moves[g] = _Move() if images is None or g == 0 else _Move(images.node[g].tolist(), images.link[g].tolist())
+        for c, ti in enumerate(dealt[rep]):
             key = id(trees[ti])
             if key not in cache:
                 cache[key] = _units(topo, timing, trees[ti])
-            units, by_sender = plans[(root, c)] = cache[key]
-            for i in by_sender.get(root, []):
-                heap.append((0, *prio(c, units[i]), seq, root, c, i, None))
+            units, by_sender = cache[key]
+            plans[(root, c)] = (units, by_sender, moves[g])
+            for i in by_sender.get(rep, []):
+                heap.append((*prio(c, units[i]), 0, seq, root, c, i, None) if serial else (0, *prio(c, units[i]), seq, root, c, i, None))
                 seq += 1
     heapq.heapify(heap)
     hold: dict[tuple[int, int, int], int] = {}
     sends: list[tuple[int, int, int, int]] = []
 
     def commit(s: int, c: int, k: int, hops, reached) -> None:
+        """``hops`` already moved to s's ids; ``reached`` in the rep tree's."""
         nonlocal seq
         sends.extend((k + off, li, s, c) for li, off in hops)
-        units, by_sender = plans[(s, c)]
-        for v, li, off in reached:
+        units, by_sender, mv = plans[(s, c)]
+        for v, li, off, v_rep in mv.reached(reached):
             if (s, c, v) in hold:
                 continue
             t = hold[(s, c, v)] = timing.arrival(li, k + off)
-            for j in by_sender.get(v, []):
-                heapq.heappush(heap, (t, *prio(c, units[j]), seq, s, c, j, None))
+            for j in by_sender.get(v_rep, []):
+                heapq.heappush(heap, (*prio(c, units[j]), t, seq, s, c, j, None) if serial else (t, *prio(c, units[j]), seq, s, c, j, None))
                 seq += 1
 
+    while heap and serial:
+        ticks += 1
+        if deadline is not None and ticks % 4096 == 0 and time.perf_counter() > deadline:
+            return None
+        p1, p2, start, _, s, c, i, _ = heapq.heappop(heap)
+        units, _, mv = plans[(s, c)]
+        u = units[i]
+        if not (split and u.splittable):
+            hops = mv.hops(u.hops())
+            commit(s, c, book.place(hops, start), hops, u.all_reached())
+            continue
+        # each child's earliest start with the prefix, then one send per distinct start
+        when: dict[int, list] = {}
+        for br in u.branches:
+            hops = mv.hops(u.prefix + br[0])
+            kb = book.place(hops, start)
+            for li, off in hops:
+                book.release(li, kb + off)
+            when.setdefault(kb, []).append(br)
+        for kb in sorted(when):
+            hops = mv.hops(u.prefix + [h for hops_, _ in when[kb] for h in hops_])
+            commit(s, c, book.place(hops, kb), hops, [r for _, got in when[kb] for r in got])
     while heap:
+        ticks += 1
+        if deadline is not None and ticks % 4096 == 0 and time.perf_counter() > deadline:
+            return None
         start, p1, p2, _, s, c, i, left = heapq.heappop(heap)
-        u = plans[(s, c)][0][i]
+        units, _, mv = plans[(s, c)]
+        u = units[i]
         branches = u.branches if left is None else left
-        hops = u.hops(branches)
+        hops = mv.hops(u.hops(branches))
         k = book.place(hops, start)
         if k == start:
             commit(s, c, k, hops, u.all_reached(branches))
             continue
         for li, off in hops:
             book.release(li, k + off)
-        kp = book.place(u.prefix, start) if split and u.splittable else None
+        prefix = mv.hops(u.prefix)
+        kp = book.place(prefix, start) if split and u.splittable else None
         if kp is not None and kp != start:
-            for li, off in u.prefix:
+            for li, off in prefix:
                 book.release(li, kp + off)
         elif kp is not None:
             now = []  # the children whose whole subtree has room now
             for br in branches:
-                kb = book.place(br[0], start)
+                bh = mv.hops(br[0])
+                kb = book.place(bh, start)
                 if kb == start:
-                    now.append(br)
+                    now.append((br, bh))
                 else:  # undo a probe that had to move on
-                    for li, off in br[0]:
+                    for li, off in bh:
                         book.release(li, kb + off)
             if now:
-                rest = [br for br in branches if br not in now]
-                commit(s, c, start, u.prefix + [h for hops_, _ in now for h in hops_], [r for _, got in now for r in got])
+                rest = [br for br in branches if all(br is not b for b, _ in now)]
+                commit(s, c, start, prefix + [h for _, bh in now for h in bh], [r for (_, got), _ in now for r in got])
                 heapq.heappush(heap, (start + 1, p1, p2, seq, s, c, i, rest))
                 seq += 1
                 continue
-            for li, off in u.prefix:
+            for li, off in prefix:
                 book.release(li, start + off)
         heapq.heappush(heap, (k, p1, p2, seq, s, c, i, left))
         seq += 1
     sends.sort()
     return sends
-
-
-def chunk_candidates(max_chunks: int, start: int = 1) -> list[int]:
-    """Chunk counts to try, doubling: 1, 2, 4, ... up to ``max_chunks``."""
-    out = []
-    c = max(1, start)
-    while c <= max_chunks:
-        out.append(c)
-        c *= 2
-    return out or [1]
-
-
-def sends_estimate(packing: Packing, chunks: int) -> int:
-    """About how many sends the schedule at ``chunks`` will have (to stay inside a budget)."""
-    per_root = [sum(t.weight * sum(len(e.links) for e in t.edges) for t in trees) for trees in packing.trees.values()]
-    return int(math.ceil(sum(per_root) * chunks))

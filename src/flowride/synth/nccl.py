@@ -31,18 +31,16 @@ recurrence, also labelled. Simplifications are listed in docs/synthesis.md.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
-
-import numpy as np
-import scipy.sparse as sp
-from scipy.sparse.csgraph import dijkstra
 
 from flowride.collectives.demand import Collective, Demand, make_demand
 from flowride.schedule.ir import Schedule
 from flowride.schedule.reduce import allreduce_from_allgather, reduce_scatter_from_allgather
 from flowride.schedule.simulate import simulate
-from flowride.synth.greedy import GreedyScheduler, ring_order
+from flowride.synth.greedy import GreedyScheduler
 from flowride.synth.nccl_tuning import NCCL_TUNING_SOURCE, Estimate, Machine, best_per_algorithm
+from flowride.synth.nccl_view import Routes, hosts, nvls_switch, ring_channels, segments
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming, epoch_timing
 
@@ -54,111 +52,7 @@ SEND_BUDGET = 2_000_000  # sends of one modelled algorithm that the simulator re
 # one hop each way.
 P2P_MAX_PIECES = 8
 NVLS_MAX_PIECES = 32
-
-
-@dataclass
-class Nic:
-    """Where a channel leaves and enters a host: the GPUs that receive from the network through
-    this NIC and those that send through it (the same GPUs on a real NIC; the TE-CCL DGX-2 model
-    has one-way links, in at an even GPU, out at an odd one)."""
-
-    into: list[int]
-    out: list[int]
-
-
-@dataclass
-class Host:
-    """One machine as NCCL sees it: its GPUs (local order) and its NICs."""
-
-    gpus: list[int]
-    nics: list[Nic] = field(default_factory=list)
-
-
-def hosts(topo: Topology) -> list[Host]:
-    """The GPUs per host (the nodes' ``group``; all one host when none is given) and each host's
-    NICs. A NIC is a node of the host with links to and from outside it: a GPU (its own NIC) or a
-    forwarding switch (a NIC the GPUs beside it share). A node with links only out is paired with
-    one with links only in through the outside switch they share."""
-    nodes = topo.nodes
-    by: dict[int | None, list[int]] = {}
-    for g in topo.gpus:
-        by.setdefault(nodes[g].group, []).append(g)
-    if None in by and len(by) > 1:  # some GPUs have no host: one host for all
-        by = {None: list(topo.gpus)}
-    out = []
-    for grp, gpus in sorted(by.items(), key=lambda kv: kv[1][0]):
-        outs: dict[int, set[int]] = {}
-        ins: dict[int, set[int]] = {}
-        if len(by) > 1:
-            for lk in topo.links:
-                if nodes[lk.src].group == grp and nodes[lk.dst].group != grp:
-                    outs.setdefault(lk.src, set()).add(lk.dst)
-                if nodes[lk.dst].group == grp and nodes[lk.src].group != grp:
-                    ins.setdefault(lk.dst, set()).add(lk.src)
-
-        def gpus_at(x: int, grp=grp) -> list[int]:
-            if nodes[x].is_gpu:
-                return [x]
-            return sorted({lk.src for lk in topo.links if lk.dst == x and nodes[lk.src].is_gpu and nodes[lk.src].group == grp})
-
-        nics = [Nic(gpus_at(x), gpus_at(x)) for x in sorted(set(outs) & set(ins))]
-        only_in = sorted(set(ins) - set(outs))
-        for x in sorted(set(outs) - set(ins)):
-            mate = next((y for y in only_in if outs[x] & ins[y]), None)
-            if mate is not None:
-                only_in.remove(mate)
-                nics.append(Nic(gpus_at(mate), gpus_at(x)))
-        out.append(Host(gpus, [n for n in nics if n.into and n.out]))
-    return out
-
-
-class _Paths:
-    """Fewest-epoch routes between GPUs through switches only (no other GPU on the way). Among
-    routes of equal length the choice is spread as a fabric's ECMP spreads flows: the pair's
-    ``(source + destination) mod ways`` picks its own tie-break, so a Clos's spines share the load."""
-
-    def __init__(self, topo: Topology, timing: EpochTiming, ways: int = 16) -> None:
-        self.topo = topo
-        n = topo.num_nodes
-        src, dst = topo.link_ends
-        is_gpu = np.array([nd.is_gpu for nd in topo.nodes])
-        # a GPU may only start or end a route: split each GPU into an "out" (its id) and an "in" (n + id)
-        head = np.where(is_gpu[dst], n + dst, dst)
-        self.w = timing.hop_delay.astype(np.float64) + 1e-3
-        self.src, self.head = src, head
-        self.link_of = {(int(a), int(b)): li for li, (a, b) in enumerate(zip(src, head, strict=True))}
-        self.n = n
-        self.ways = ways
-        self.cache: dict[tuple[int, int], np.ndarray] = {}
-
-    def route(self, u: int, v: int) -> list[int] | None:
-        way = (u + v) % self.ways
-        key = (u, way)
-        if key not in self.cache:  # way w prefers, among equal routes, links whose index is w past a multiple of ways
-            tie = ((np.arange(len(self.w)) + way) % self.ways) * (1e-4 / self.ways)
-            g = sp.csr_matrix((self.w + tie, (self.src, self.head)), shape=(2 * self.n, 2 * self.n))
-            _, pred = dijkstra(g, directed=True, indices=u, return_predecessors=True)
-            self.cache[key] = pred
-        pred = self.cache[key]
-        t = self.n + v
-        if pred[t] < 0:
-            return None
-        out = []
-        while t != u:
-            p = int(pred[t])
-            out.append(self.link_of[(p, t)])
-            t = p
-        return out[::-1]
-
-
-def _segments(paths: _Paths, u: int, v: int, via: int | None = None) -> list[list[int]] | None:
-    """u -> v as store-and-forward segments between GPUs: one switch-only route, or two through
-    ``via`` (a GPU that relays, as NCCL's PXN does)."""
-    if via is not None and via not in (u, v):
-        a, b = paths.route(u, via), paths.route(via, v)
-        return None if a is None or b is None else [a, b]
-    r = paths.route(u, v)
-    return None if r is None else [r]
+SECONDS_PER_SEND = 20e-6  # building and replaying one send, about, on one core
 
 
 def _move(gs: GreedyScheduler, s: int, c: int, segs: list[list[int]], ready: int) -> int:
@@ -173,99 +67,8 @@ def _move(gs: GreedyScheduler, s: int, c: int, segs: list[list[int]], ready: int
     return t
 
 
-# ---------------------------------------------------------------------------- rings
-
-
-def ring_channels(topo: Topology) -> list[list[tuple[int, int | None]]]:
-    """NCCL's rings: per channel, the GPUs in ring order, each with the GPU that relays its send
-    to the next (PXN) or None. Several hosts with the same NICs: a channel per NIC, entering each
-    host at a GPU that receives through that NIC and leaving at one that sends through it; one
-    host: the rings :func:`single_host_rings` finds."""
-    hs = hosts(topo)
-    k = len(hs[0].nics)
-    if len(hs) > 1 and k and all(len(h.nics) == k and len(h.gpus) == len(hs[0].gpus) for h in hs):
-        chans = []
-        for c in range(k):
-            order: list[tuple[int, int | None]] = []
-            for h in hs:
-                nic = h.nics[c]
-                entry = nic.into[0]
-                local = h.gpus
-                i = local.index(entry)
-                ring = [local[(i - j) % len(local)] for j in range(len(local))]  # entry, entry-1, ... entry+1
-                leave = next((g for g in nic.out if g != entry), None)
-                if leave is not None:  # leave by a GPU the NIC serves: no relay
-                    ring.remove(leave)
-                    ring.append(leave)
-                exit_ = ring[-1]
-                for g in ring[:-1]:
-                    order.append((g, None))
-                order.append((exit_, None if exit_ in nic.out else nic.out[0]))
-            chans.append(order)
-        return chans
-    return [[(g, None) for g in r] for r in single_host_rings(topo)]
-
-
-def single_host_rings(topo: Topology, most: int = 8) -> list[list[int]]:
-    """Rings through every GPU, as NCCL's search finds them on one host: on a switch (or one
-    ring only) the GPUs in order; on a mesh of direct links, rings found one after another on the
-    bandwidth the earlier ones left (fast links first), as long as each still has a link of at
-    least half the first ring's slowest."""
-    first = ring_order(topo)
-    gpus = list(topo.gpus)
-    direct = {(lk.src, lk.dst): lk.bandwidth_GBps for lk in topo.links if topo.nodes[lk.src].is_gpu and topo.nodes[lk.dst].is_gpu}
-    if not all((a, b) in direct for a, b in zip(first, first[1:] + first[:1], strict=True)):
-        return [first]  # the ring goes through switches: every channel is the same ring
-    left = dict(direct)
-    rings: list[list[int]] = []
-    floor = None
-    while len(rings) < most:
-        ring = _hamilton(gpus, left)
-        if ring is None:
-            break
-        bw = min(left[(a, b)] for a, b in zip(ring, ring[1:] + ring[:1], strict=True))
-        floor = bw / 2 if floor is None else floor
-        if bw < floor:
-            break
-        rings.append(ring)
-        for a, b in zip(ring, ring[1:] + ring[:1], strict=True):
-            left[(a, b)] -= bw
-            if left[(a, b)] <= 1e-9:
-                del left[(a, b)]
-    return rings or [first]
-
-
-def _hamilton(gpus: list[int], bw: dict[tuple[int, int], float], budget: int = 20_000) -> list[int] | None:
-    """A directed cycle through every GPU on the links of ``bw``, widest links tried first."""
-    adj: dict[int, list[int]] = {g: [] for g in gpus}
-    for (a, b), _ in sorted(bw.items(), key=lambda kv: -kv[1]):
-        adj[a].append(b)
-    start = gpus[0]
-    path, used = [start], {start}
-    steps = 0
-
-    def dfs() -> bool:
-        nonlocal steps
-        steps += 1
-        if steps > budget:
-            return False
-        if len(path) == len(gpus):
-            return start in adj[path[-1]]
-        for v in adj[path[-1]]:
-            if v not in used:
-                used.add(v)
-                path.append(v)
-                if dfs():
-                    return True
-                path.pop()
-                used.discard(v)
-        return False
-
-    return list(path) if dfs() else None
-
-
 def _ring_schedule(topo: Topology, demand: Demand, timing: EpochTiming, chans) -> list:
-    paths = _Paths(topo, timing)
+    paths = Routes(topo, timing)
     gs = GreedyScheduler(topo, timing)
     nch = len(chans)
     hop_segs = []
@@ -275,7 +78,7 @@ def _ring_schedule(topo: Topology, demand: Demand, timing: EpochTiming, chans) -
         for i in range(n):
             u, via = order[i]
             v = order[(i + 1) % n][0]
-            sg = _segments(paths, u, v, via)
+            sg = segments(paths, u, v, via)
             if sg is None:  # no switch-only route: fewest epochs through anything (greedy routing)
                 sg = None
             segs.append(sg)
@@ -302,7 +105,7 @@ def ring_epochs_estimate(topo: Topology, timing: EpochTiming, chans, chunks: int
     pipeline whose slowest hop starts a chunk every p epochs and whose hops take d epochs; a
     channel of n GPUs with C chunks ends at max(((n-1)C - 1) p + d_max, (n-1) d_avg + (C-1) p).
     Channels are taken as independent (they share only NVLink, which rarely binds)."""
-    paths = _Paths(topo, timing)
+    paths = Routes(topo, timing)
     worst = 0
     per = max(1, chunks // len(chans))
     for order in chans:
@@ -311,7 +114,7 @@ def ring_epochs_estimate(topo: Topology, timing: EpochTiming, chans, chunks: int
         for i in range(n):
             u, via = order[i]
             v = order[(i + 1) % n][0]
-            sg = _segments(paths, u, v, via) or [[]]
+            sg = segments(paths, u, v, via) or [[]]
             d = sum(int(timing.hop_delay[li]) for seg in sg for li in seg)
             p = max((int(timing.beta_epochs[li]) + 1) / max(1, int(timing.window_cap[li])) for seg in sg for li in seg) if any(sg) else 1
             ds.append(max(1, d))
@@ -319,21 +122,6 @@ def ring_epochs_estimate(topo: Topology, timing: EpochTiming, chans, chunks: int
         p, dmax, davg = max(ps), max(ds), sum(ds) / n
         worst = max(worst, int(math.ceil(max(((n - 1) * per - 1) * p + dmax, (n - 1) * davg + (per - 1) * p))))
     return worst
-
-
-# ---------------------------------------------------------------------------- NVLS, PAT, p2p
-
-
-def nvls_switch(topo: Topology) -> int | None:
-    """The one copying switch every GPU of a single-host topology hangs on (NVLS), or None."""
-    if len(hosts(topo)) != 1:
-        return None
-    for w in topo.switches:
-        if topo.nodes[w].copy:
-            peers = {lk.src for lk in topo.links if lk.dst == w} & {lk.dst for lk in topo.links if lk.src == w}
-            if set(topo.gpus) <= peers:
-                return w
-    return None
 
 
 def _nvls_schedule(topo: Topology, demand: Demand, timing: EpochTiming, w: int) -> list:
@@ -400,15 +188,15 @@ def _p2p_schedule(topo: Topology, demand: Demand, timing: EpochTiming) -> list:
                 nic_gpu[(hi, h.gpus.index(g))] = nic.out[0]
         for i in range(len(h.gpus)):
             nic_gpu.setdefault((hi, i), h.nics[i * len(h.nics) // len(h.gpus)].out[0] if h.nics else h.gpus[i])
-    paths = _Paths(topo, timing)
+    paths = Routes(topo, timing)
     gs = GreedyScheduler(topo, timing)
     pos = {g: i for i, g in enumerate(gpus)}
     route = {}
     for delta in _p2p_order(n, ppn):
         for s in gpus:
             d = gpus[(pos[s] + delta) % n]
-            via = None if host_of[s] == host_of[d] else nic_gpu[(host_of[s], local[d])]
-            route[(s, d)] = _segments(paths, s, d, via)
+            via = None if host_of[s] == host_of[d] else nic_gpu.get((host_of[s], local[d]))
+            route[(s, d)] = segments(paths, s, d, via)
     # every pair progresses at once (NCCL runs all peers concurrently): pieces interleaved
     for c in range(demand.chunks):
         for delta in _p2p_order(n, ppn):
@@ -479,8 +267,8 @@ def machine(topo: Topology) -> Machine:
     node = str(fab.get("node", ""))
     arch = {"dgx-a100": "ampere", "a800": "ampere", "dgx-h100": "hopper", "h800": "hopper", "hgx-b200": "blackwell",
             "dgx2": "volta", "ndv2": "volta"}.get(node, "hopper")
-    if len(hs[0].gpus) == 1:
-        intra = max(intra, nic * max(1, nics))
+    if len(hs[0].gpus) == 1 or intra <= 0:  # no scale-up links of its own: what leaves the GPU
+        intra = max(intra, nic * max(1, nics), sum(lk.bandwidth_GBps for lk in topo.links if lk.src == g0))
     return Machine(len(topo.gpus), len(hs), intra, nic, nics, nvls_switch(topo) is not None or (
         fab.get("multicast", None) is not False and any(nodes[w].copy for w in topo.switches if nodes[w].group is not None)), arch)
 
@@ -506,10 +294,16 @@ def _timed(topo: Topology, coll: Collective, size: int, chunks: int, build, name
     return Modelled(name, sim.finish_time_s * 1e6, "simulated", chunks, channels, schedule=sched)
 
 
-def model_nccl(topo: Topology, collective: Collective | str, size_bytes: int) -> NcclModel:
+def model_nccl(topo: Topology, collective: Collective | str, size_bytes: int, time_limit: float | None = None) -> NcclModel:
     """Every NCCL algorithm for ``collective`` of ``size_bytes`` on ``topo``: modelled as schedules
-    where the IR can express them (replayed by the simulator), NCCL's own estimate for each."""
+    where the IR can express them (replayed by the simulator), NCCL's own estimate for each.
+    ``time_limit``: seconds for the schedules; one that would not fit what is left (at about
+    :data:`SECONDS_PER_SEND`) gives NCCL's estimate (or the ring's recurrence) instead."""
     coll = collective if isinstance(collective, Collective) else Collective.parse(collective)
+    t0 = time.perf_counter()
+
+    def affords(sends: int) -> bool:
+        return time_limit is None or time.perf_counter() - t0 + sends * SECONDS_PER_SEND <= time_limit
     n = len(topo.gpus)
     block = size_bytes / topo.buffer_ranks
     out: dict[str, Modelled] = {}
@@ -517,14 +311,19 @@ def model_nccl(topo: Topology, collective: Collective | str, size_bytes: int) ->
     tuning = best_per_algorithm(coll, m, size_bytes)
     if coll is Collective.ALLTOALL:
         chunks = _fit_budget(min(P2P_MAX_PIECES, max(1, math.ceil(block / PIPE_BYTES))), 1, n * (n - 1) * 3)
-        out["p2p"] = _timed(topo, coll, size_bytes, chunks, _p2p_schedule, "p2p")
+        while chunks > 1 and not affords(chunks * n * (n - 1) * 3):
+            chunks //= 2
+        if affords(chunks * n * (n - 1) * 3):
+            out["p2p"] = _timed(topo, coll, size_bytes, chunks, _p2p_schedule, "p2p")
     else:
         chans = ring_channels(topo)
         nch = len(chans)
         hops = 2 * n * (n - 1) * 3 if coll is Collective.ALLREDUCE else n * (n - 1) * 3
         want = _chunks(block, nch, PIPE_BYTES)
         chunks = _fit_budget(want, nch, hops // nch)
-        if chunks * (hops // nch) <= SEND_BUDGET:
+        while chunks > nch and not affords(chunks * (hops // nch)):
+            chunks = max(nch, chunks // 2 // nch * nch)
+        if chunks * (hops // nch) <= SEND_BUDGET and affords(chunks * (hops // nch)):
             out["ring"] = _timed(topo, coll, size_bytes, chunks, _reduction(coll, lambda t, d, tm: _ring_schedule(t, d, tm, ring_channels(t))),
                                  "ring", nch)
         else:
@@ -533,11 +332,12 @@ def model_nccl(topo: Topology, collective: Collective | str, size_bytes: int) ->
             ep = ring_epochs_estimate(topo, tm, chans, chunks) * (2 if coll is Collective.ALLREDUCE else 1)
             out["ring"] = Modelled("ring", ep * tm.tau * 1e6, "recurrence", chunks, nch)
         w = nvls_switch(topo)
-        if coll is Collective.ALLGATHER and w is not None:
+        if coll is Collective.ALLGATHER and w is not None and affords(n * n):
             c = _fit_budget(min(NVLS_MAX_PIECES, max(1, math.ceil(block / NVLS_BYTES))), 1, n * n)
             out["nvls"] = _timed(topo, coll, size_bytes, c, lambda t, d, tm: _nvls_schedule(t, d, tm, w), "nvls")
         hs = hosts(topo)
-        if coll in (Collective.ALLGATHER, Collective.REDUCESCATTER) and len(hs) > 1 and all(len(h.gpus) == 1 for h in hs):
+        if coll in (Collective.ALLGATHER, Collective.REDUCESCATTER) and len(hs) > 1 and all(len(h.gpus) == 1 for h in hs) \
+                and affords(2 * n * n):
             c = _fit_budget(max(1, math.ceil(block / PIPE_BYTES)), 1, n * n * 2)
             out["pat"] = _timed(topo, coll, size_bytes, c, _reduction(coll, _pat_schedule), "pat")
     for name, e in tuning.items():

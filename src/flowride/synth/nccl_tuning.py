@@ -163,6 +163,8 @@ def estimates(coll: Collective | str, m: Machine, size_bytes: int) -> list[Estim
                 lat = BASE_LAT_US["pat"][p] + _log2i(nodes) * HW_LAT_US["net"]["tree"][p] / 3.5 + n * 2.8
                 add("pat", p, lat, 0.75 * min(ring_bus, m.nic_GBps * m.nics), 1.0)
             else:  # p2p AlltoAll: every peer at once; a GPU's NVLink carries all it sends, its NICs what leaves the node
+                if intra_bw <= 0 or (nodes > 1 and inter_bw <= 0):
+                    continue  # a machine the model has no figures for
                 lat = BASE_LAT_US["ring"][p] + HW_LAT_US["net" if nodes > 1 else "nvlink"]["ring"][p]
                 secs_per_byte = (n - 1) / n / intra_bw
                 if nodes > 1:

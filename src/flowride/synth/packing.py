@@ -140,9 +140,35 @@ class PackedTree:
     edges: tuple[TreeEdge, ...]  # parents before children
 
 
+@dataclass(frozen=True)
+class Images:
+    """A symmetry of the topology as lookup tables: ``node[g]`` and ``link[g]`` map every node and
+    link id under group element g, and ``of_root[r]`` is (g, rep) with ``node[g][rep] == r``."""
+
+    node: np.ndarray  # (elements, nodes)
+    link: np.ndarray  # (elements, links)
+    of_root: dict[int, tuple[int, int]]
+
+    @classmethod
+    def of(cls, topo: Topology, sym) -> Images:
+        node = np.array(sym.perms, dtype=np.int64)
+        src, dst = topo.link_ends
+        idx = topo.link_index
+        link = np.array([[idx[(int(p[a]), int(p[b]))] for a, b in zip(src, dst, strict=True)] for p in node], dtype=np.int64)
+        of_root = {int(node[g][r]): (g, int(r)) for g in range(len(node)) for r in sym.reps}
+        return cls(node, link, of_root)
+
+    def tree(self, t: PackedTree, root: int) -> PackedTree:
+        """Rep tree ``t`` moved to ``root``."""
+        g, _ = self.of_root[root]
+        n, lk = self.node[g], self.link[g]
+        return PackedTree(root, t.weight, tuple(TreeEdge(int(n[e.parent]), int(n[e.child]), tuple(int(lk[x]) for x in e.links))
+                                               for e in t.edges))
+
+
 @dataclass
 class Packing:
-    trees: dict[int, list[PackedTree]]  # by root GPU
+    trees: dict[int, list[PackedTree]]  # by root GPU (only the reps of a symmetry's orbits when ``images`` is set)
     rate_Bps: float  # x: bytes per second each root's block spreads at
     bound_Bps: float  # the forest bound's x* (the optimum; rate <= bound)
     iterations: int
@@ -150,9 +176,20 @@ class Packing:
     seconds: float
     optimal: bool  # x reached x* (to 1e-6) or no tree prices out
     history: list[float] = field(default_factory=list)
+    images: Images | None = None  # the symmetry the trees of every other root follow from
 
     def seconds_for(self, block_bytes: float) -> float:
         return block_bytes / self.rate_Bps
+
+    def roots(self) -> list[int]:
+        return sorted(self.images.of_root) if self.images else sorted(self.trees)
+
+    def trees_of(self, root: int) -> list[PackedTree]:
+        """Root's trees (moved from its rep's under the symmetry, when there is one)."""
+        if self.images is None:
+            return self.trees[root]
+        g, rep = self.images.of_root[root]
+        return self.trees[rep] if g == 0 else [self.images.tree(t, root) for t in self.trees[rep]]
 
 
 class _Routes:
@@ -226,15 +263,32 @@ def _uses(edges: list[TreeEdge], nlinks: int) -> np.ndarray:
 
 
 def pack_trees(topo: Topology, bound_Bps: float | None = None, time_limit: float | None = 30.0, tol: float = 1e-4,
-               max_iterations: int = 500, capacity_GBps: np.ndarray | None = None) -> Packing:
+               max_iterations: int = 500, capacity_GBps: np.ndarray | None = None, symmetry=None) -> Packing:
     """Column generation for the packing LP above. ``bound_Bps`` (the forest bound's x*) lets the
     loop stop as soon as it is reached within ``tol``; ``time_limit`` stops it with the packing it
     has (still feasible). ``capacity_GBps`` replaces the links' bandwidths (e.g. what the epoch model
-    lets each carry: whole chunks per capacity window)."""
+    lets each carry: whole chunks per capacity window).
+
+    ``symmetry`` (a :class:`flowride.topology.shifts.Symmetry`): only its reps get trees; every
+    other root takes its rep's trees moved by the group element that carries the rep there. The
+    load the images put on a link is its orbit's load, so the LP has one row per link orbit (the
+    sum over the orbit, times how many elements map onto each of its links): a thousand-GPU fabric
+    with one orbit of GPUs needs one root's trees."""
     t0 = time.perf_counter()
-    gpus = list(topo.gpus)
     nl = len(topo.links)
     cap = np.array([lk.bandwidth_GBps for lk in topo.links]) if capacity_GBps is None else np.asarray(capacity_GBps, dtype=float)
+    images = Images.of(topo, symmetry) if symmetry is not None else None
+    if images is None:
+        gpus = list(topo.gpus)
+        orbit, mult = np.arange(nl), np.ones(nl)
+    else:
+        gpus = list(symmetry.reps)
+        rep_of = images.link.min(axis=0)  # an orbit is named by its smallest link id
+        _, orbit = np.unique(rep_of, return_inverse=True)
+        mult = len(images.node) / np.bincount(orbit)[orbit]  # elements mapping onto each link of the orbit
+    n_orb = int(orbit.max()) + 1
+    orbit_cap = np.full(n_orb, np.inf)
+    np.minimum.at(orbit_cap, orbit, cap)
     routes = _Routes(topo)
     cols: list[tuple[int, list[TreeEdge], np.ndarray]] = []  # (root, edges, uses)
     seen: set[tuple[int, tuple]] = set()
@@ -245,7 +299,7 @@ def pack_trees(topo: Topology, bound_Bps: float | None = None, time_limit: float
         if key in seen:
             return False
         seen.add(key)
-        cols.append((root, edges, _uses(edges, nl)))
+        cols.append((root, edges, np.bincount(orbit, weights=_uses(edges, nl) * mult, minlength=n_orb)))
         return True
 
     price = 1.0 / cap  # first trees: cheapest in link time
@@ -257,14 +311,14 @@ def pack_trees(topo: Topology, bound_Bps: float | None = None, time_limit: float
     root_row = {g: i for i, g in enumerate(gpus)}
     while True:
         it += 1
-        x, z, y, pi = _solve_master(cols, root_row, cap, nl)
+        x, z, y, pi = _solve_master(cols, root_row, orbit_cap, n_orb)
         history.append(x)
         if bound_Bps and x * 1e9 >= bound_Bps * (1 - tol):
             optimal = True
             break
         if it >= max_iterations or (time_limit is not None and time.perf_counter() - t0 > time_limit):
             break
-        C, pred = routes.costs(np.maximum(y, 0.0))
+        C, pred = routes.costs(np.maximum(y, 0.0)[orbit] * mult)
         added = 0
         for g in gpus:
             parent = min_arborescence(C, routes.pos[g])
@@ -281,7 +335,7 @@ def pack_trees(topo: Topology, bound_Bps: float | None = None, time_limit: float
     for g in gpus:  # shares of the root's block: normalise its trees' rates
         tot = sum(t.weight for t in trees[g])
         trees[g] = [PackedTree(t.root, t.weight / tot, t.edges) for t in trees[g]]
-    return Packing(trees, x * 1e9, bound_Bps or 0.0, it, len(cols), time.perf_counter() - t0, optimal, history)
+    return Packing(trees, x * 1e9, bound_Bps or 0.0, it, len(cols), time.perf_counter() - t0, optimal, history, images)
 
 
 def _solve_master(cols, root_row: dict[int, int], cap: np.ndarray, nl: int):

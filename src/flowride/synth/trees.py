@@ -23,9 +23,12 @@ from scipy.sparse.csgraph import dijkstra
 
 from flowride.schedule.ir import Schedule
 from flowride.schedule.simulate import simulate
+from flowride.synth.forest import forest_sends
 from flowride.synth.greedy import GreedyScheduler
+from flowride.synth.packing import Packing, pack_trees
 from flowride.synth.result import Probe, SearchResult
 from flowride.topology.model import Topology
+from flowride.topology.shifts import shift_symmetry
 
 
 @dataclass(frozen=True)
@@ -184,10 +187,44 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
     return sorted(gs.sends)
 
 
-# Tree shapes tried by :func:`synthesize_trees`, cheapest first in wall time: each is a
-# (shape, spread) pair of :func:`tree_sends`; together they cover latency-bound (shallow) and
-# bandwidth-bound (cut crossed once, load spread) instances.
-TREE_VARIANTS: tuple[tuple[str, float], ...] = (("shortest", 0.5), ("cheapest", 2.0), ("cheapest", 0.5), ("cheapest", 0.1))
+# Tree shapes tried by :func:`synthesize_trees`: first the trees packed to the throughput optimum
+# (:mod:`flowride.synth.packing`, scheduled by :mod:`flowride.synth.forest`), then each (shape,
+# spread) pair of :func:`tree_sends`, cheapest first in wall time; together they cover
+# bandwidth-bound and latency-bound (shallow trees) instances.
+TREE_VARIANTS: tuple[tuple[str, float], ...] = (("packed", 0.0), ("shortest", 0.5), ("cheapest", 2.0), ("cheapest", 0.5),
+                                                ("cheapest", 0.1))
+PACKING_SHARE = 0.5  # of the packed variant's time the packing LP may take before its trees are scheduled
+PACKED_SHARE = 0.7  # of the time limit the packed variant may take (the shapes after it are quick)
+
+
+def packed_sends(topo: Topology, demand, timing, time_limit: float | None = None) -> list[tuple[int, int, int, int]] | None:
+    """AllGather sends along the trees packed to the throughput optimum of the epoch model's link
+    capacities (whole chunks per capacity window), list-scheduled (:func:`forest_sends`); None when
+    ``time_limit`` ran out before the schedule was complete."""
+    t0 = time.perf_counter()
+    packing = packing_for(topo, timing, demand.chunk_bytes, None if time_limit is None else time_limit * PACKING_SHARE)
+    return forest_sends(topo, demand, timing, packing, deadline=None if time_limit is None else t0 + time_limit)
+
+
+_PACKINGS: dict[tuple, Packing] = {}
+
+
+def packing_for(topo: Topology, timing, chunk_bytes: float, time_limit: float | None = None) -> Packing:
+    """The packing of ``topo`` at the capacities the epoch model gives its links (cached: at the
+    fast preset they do not depend on the chunk size)."""
+    eff = timing.window_cap / (timing.beta_epochs + 1) * chunk_bytes / timing.tau / 1e9  # GB/s a link carries in whole chunks
+    key = (topo.gpus, tuple((lk.src, lk.dst) for lk in topo.links), tuple(np.round(eff, 6)), tuple(nd.copy for nd in topo.nodes))
+    got = _PACKINGS.get(key)
+    if got is None or (not got.optimal and time_limit is None):
+        got = pack_trees(topo, None, time_limit=PACKING_SECONDS if time_limit is None else time_limit, capacity_GBps=eff,
+                         symmetry=shift_symmetry(topo))
+        if len(_PACKINGS) > 32:
+            _PACKINGS.clear()
+        _PACKINGS[key] = got
+    return got
+
+
+PACKING_SECONDS = 120.0  # the packing LP's own cap without a time limit
 
 
 def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = None, progress=None, lower: int = 0):
@@ -204,7 +241,13 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
             timed_out = True
             break
         ps = time.perf_counter()
-        sends = tree_sends(topo, demand, timing, spread, shape)
+        if shape == "packed":
+            left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
+            sends = packed_sends(topo, demand, timing, None if left is None else left * PACKED_SHARE)
+            if sends is None:  # out of time before the packed schedule was whole: the shapes below are quick
+                continue
+        else:
+            sends = tree_sends(topo, demand, timing, spread, shape)
         sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, sends))
         if not sim.valid:  # the construction obeys the model's rules; this guards it
             raise AssertionError(f"tree schedule ({shape}, {spread}) failed verification: {sim.first_violation}")

@@ -371,3 +371,4 @@ def node_type_table() -> list[dict[str, Any]]:
                      "scale_up_GBps_per_dir": per_gpu, "nics": nt.nics, "nic_Gbps": nt.nic_Gbps, "sources": list(nt.sources),
                      "note": nt.note})
     return rows
+

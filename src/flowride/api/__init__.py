@@ -1,0 +1,117 @@
+"""One call from a topology and a collective to a verified, measured schedule.
+
+``synthesize`` finds the fastest schedule it can and trusts only the simulator: the schedule it
+returns has been replayed and checked, and every figure in the report comes from that replay, the
+lower bounds, the classic baseline and NCCL's own algorithms, all timed by the same simulator.
+
+The floor holds one module per step: :mod:`.single` (one chunk count of an AllGather or
+AlltoAll: model, incumbents, method, verify, measure), :mod:`.reduction` (ReduceScatter and
+AllReduce from AllGathers run backwards), :mod:`.auto` (``--chunks auto``: the chunk count
+searched within the time limit, NCCL's algorithms as candidates), :mod:`.ladder` (schedules made
+at other epochs or sizes, retimed), :mod:`.outcome` (the result and its report), :mod:`.clock`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from flowride.api import ladder
+from flowride.api.auto import synthesize_auto
+from flowride.api.clock import Clock
+from flowride.api.ladder import WARM_TAG, Retimed, ladder_factors, retimed
+from flowride.api.outcome import SynthOutcome, switch_model
+from flowride.api.reduction import symmetric, synthesize_reduction
+from flowride.api.single import level, synthesize_one
+from flowride.collectives.demand import Collective, make_demand
+from flowride.errors import InputError
+from flowride.schedule.ir import Schedule
+from flowride.synth.budget import MEMORY_LIMIT_BYTES, check_work
+from flowride.synth.nccl import model_nccl
+from flowride.synth.options import DEFAULT_SPEEDUPS, Speedups, SynthOptions
+from flowride.synth.result import Progress
+from flowride.topology.model import Topology
+from flowride.topology.timing import epoch_timing
+
+__all__ = ["WARM_TAG", "Retimed", "SynthOutcome", "coarse_to_fine", "ladder_factors", "retimed", "switch_model", "symmetric",
+           "synthesize", "synthesize_with"]
+
+NCCL_SHARE = 0.15  # of the time limit NCCL's modelled algorithms may take (beyond it: NCCL's own estimate)
+AUTO_DEFAULT_SECONDS = 60.0  # --chunks auto without --time-limit: how long it searches
+
+
+def synthesize(
+    topo: Topology,
+    collective: Collective | str,
+    size_bytes: int,
+    epoch: str | float = "fast",
+    chunks: int | str = 1,
+    time_limit: float | None = None,
+    mip_gap: float | None = None,
+    threads: int | None = None,
+    progress: Progress | None = None,
+    method: str = "auto",
+    memory_limit: int = MEMORY_LIMIT_BYTES,
+    speedups: Speedups = DEFAULT_SPEEDUPS,
+    objective: str = "makespan",
+    nccl: bool = True,
+) -> SynthOutcome:
+    """The fastest schedule ``method`` can find, verified by the simulator.
+
+    - ``milp``: minimum makespan by bisection over MILP probes (proven when it finishes in time);
+      refused up front when its estimated memory exceeds ``memory_limit``;
+    - ``lp`` (AlltoAll): the fluid LP, decomposed into per-chunk sends;
+    - ``astar`` (AllGather): windows of epochs solved one after another and stitched;
+    - ``trees`` (AllGather): polynomial time: trees packed to the throughput optimum
+      (ForestColl's), and load-balanced tree shapes for latency;
+    - ``auto``: AlltoAll: the LP. AllGather: the trees, then (if they miss the epoch bound) the
+      windows with half the time, then (if a gap is left) the MILP from the best of them when
+      its size is modest; the best verified schedule wins.
+
+    ``chunks``: a count, or ``"auto"`` (the CLI's default; :mod:`flowride.api.auto`): counts are
+    searched and the time limit used. Reductions (ReduceScatter, AllReduce) are built from
+    AllGathers run backwards with the same method. ``nccl``: model NCCL's own algorithms on the
+    same topology for the report (``nccl``) and, with ``chunks="auto"``, as candidates. The
+    keywords are those of :class:`~flowride.synth.options.SynthOptions`."""
+    opts = SynthOptions(method, epoch, time_limit, mip_gap, threads, memory_limit, speedups, objective)
+    return synthesize_with(topo, collective, size_bytes, chunks, opts, progress, nccl=nccl)
+
+
+def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: int, chunks: int | str, opts: SynthOptions,
+                    progress: Progress | None = None, warm: tuple[Schedule, ...] = (), nccl: bool = True) -> SynthOutcome:
+    """:func:`synthesize` with its options as one :class:`SynthOptions`. ``warm``: schedules of the
+    same collective on ``topo`` at other sizes (:func:`flowride.sweep.synthesize_sweep`), retimed to
+    this one and offered as incumbents (AllGather, AlltoAll)."""
+    opts.check()
+    auto = chunks == "auto"
+    if auto and opts.time_limit is None and not topo.teccl_compat:
+        opts = replace(opts, time_limit=AUTO_DEFAULT_SECONDS)  # the search must end: a default budget, stated in the help
+    clock = Clock(opts.time_limit)
+    if not auto and not (isinstance(chunks, int) and not isinstance(chunks, bool)):
+        raise InputError("chunks", f"{chunks!r} is neither a count nor auto", "give a whole number of chunks, or auto")
+    demand = make_demand(topo, collective, size_bytes, 1 if auto else chunks)
+    opts = opts.for_demand(demand)
+    coll = demand.collective
+    model = None
+    first = make_demand(topo, coll, demand.size_bytes, demand.chunks)
+    check_work(topo, first, epoch_timing(topo, first.chunk_bytes, opts.epoch), opts.time_limit)  # refuse before any work
+    if nccl and not topo.teccl_compat:
+        model = model_nccl(topo, coll, demand.size_bytes, clock.share(NCCL_SHARE))
+        if progress:
+            progress({"stage": "nccl", "algorithm": model.best.name, "nccl_us": model.best.time_us})
+    if auto and not topo.teccl_compat:  # the published model keeps the published single chunk
+        return synthesize_auto(topo, coll, demand.size_bytes, opts, clock, progress, warm, model)
+    if coll.reduces:
+        out = synthesize_reduction(topo, demand, opts, progress, clock)
+    else:
+        out = synthesize_one(topo, demand, opts, clock, progress, warm)
+    out.nccl = model
+    out.chunks_requested = 1 if auto else chunks
+    out.wall_seconds = clock.elapsed()
+    return out
+
+
+def coarse_to_fine(topo: Topology, demand, timing, opts: SynthOptions, time_limit: float | None, progress: Progress | None = None,
+                   fine_too_large: bool = False) -> list[Retimed]:
+    """The coarse-to-fine ladder (:func:`flowride.api.ladder.coarse_to_fine`) with each rung one
+    synthesis at fixed chunks."""
+    return ladder.coarse_to_fine(topo, demand, timing, opts, time_limit, progress, fine_too_large, level)

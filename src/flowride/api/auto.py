@@ -1,0 +1,148 @@
+"""``--chunks auto`` (the default): the chunk count is searched, and the time limit is used.
+
+How finely each GPU's block is cut decides how well transfers pipeline (more chunks: less time
+waiting for a whole chunk at every hop) against what each chunk costs (more sends, more latency
+per byte, bigger models). No count is best everywhere, so the search tries them:
+
+1. **Construction sweep.** The fast constructions (the packed trees and tree shapes for AllGather-
+   like collectives; the LP route for AlltoAll) at 1, 2, 4, ... chunks, each with a share of the
+   time, keeping the best verified schedule. It stops when the schedule reaches its bound, when
+   two counts in a row gain nothing, when the next count would pass the send budget or cut chunks
+   below :data:`MIN_CHUNK_BYTES`, or when time is out.
+2. **Search.** The requested method's full search (the ladder, the A* windows, the MILP where it
+   is small enough) at the best count with the rest of the time, starting from the best schedule.
+3. **NCCL's own algorithms**, modelled as schedules (:mod:`flowride.synth.nccl`), are candidates
+   too: the result is never slower than NCCL's best modelled algorithm.
+
+The report says what was tried (``chunk_search``) and what was chosen (``chunks``). ``--chunks N``
+forces N; the published TE-CCL model (``--teccl-compat``) keeps the published single chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from flowride.api.clock import Clock
+from flowride.api.outcome import SynthOutcome
+from flowride.api.reduction import synthesize_reduction
+from flowride.api.single import synthesize_one
+from flowride.collectives.demand import Collective, make_demand
+from flowride.schedule.ir import Schedule
+from flowride.schedule.simulate import simulate
+from flowride.sizes import MAX_CHUNKS
+from flowride.synth.nccl import NcclModel
+from flowride.synth.options import SynthOptions
+from flowride.synth.result import Progress, SearchResult
+from flowride.topology.model import Topology
+
+MIN_CHUNK_BYTES = 4096  # finer chunks only add per-chunk latency in any real runtime
+SEND_BUDGET = 3_000_000  # sends of one candidate (the simulator replays about 300k a second)
+SWEEP_SHARE = 0.5  # of the time the construction sweep may take before the search
+STEP_SHARE = 0.35  # of the sweep's remaining time one chunk count may take
+AT_BOUND = 1.0005  # a finish within this ratio of the bound cannot be bettered in practice
+GAIN = 0.002  # a count must improve the best by this much to count as a gain
+GROWTH = 2.5  # how much longer the next (doubled) chunk count is taken to need
+
+
+def chunk_counts(topo: Topology, size_bytes: int) -> list[int]:
+    """1, 2, 4, ... while chunks keep :data:`MIN_CHUNK_BYTES` and stay within MAX_CHUNKS."""
+    block = size_bytes / topo.buffer_ranks
+    out, c = [], 1
+    while c <= MAX_CHUNKS and (c == 1 or block / c >= MIN_CHUNK_BYTES):
+        out.append(c)
+        c *= 2
+    return out
+
+
+def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opts: SynthOptions, clock: Clock,
+                    progress: Progress | None = None, warm: tuple[Schedule, ...] = (), nccl: NcclModel | None = None) -> SynthOutcome:
+    """The best verified schedule over chunk counts, methods and NCCL's modelled algorithms (see the
+    module); ``warm`` are other sizes' schedules (a sweep), offered at their own chunk counts."""
+    coll = collective
+    gathers = coll.multicast or coll.reduces
+    fast = "trees" if gathers and opts.method == "auto" else opts.method  # a method asked for by name runs at every count
+
+    def one(chunks: int, method: str, budget: float | None, incumbent: tuple = (), base: SynthOptions = opts) -> SynthOutcome:
+        d = make_demand(topo, coll, size_bytes, chunks)
+        o = replace(base, method=method, time_limit=budget).for_demand(d)
+        if coll.reduces:
+            return synthesize_reduction(topo, d, o, progress, Clock(budget))
+        return synthesize_one(topo, d, o, Clock(budget), progress, incumbent)
+
+    tried: list[dict] = []
+    best: SynthOutcome | None = None
+    stall = 0
+    counts = chunk_counts(topo, size_bytes)
+    sweep_end = None if clock.limit is None else clock.elapsed() + clock.left() * SWEEP_SHARE
+    last_seconds = 0.0
+    for i, c in enumerate(counts):
+        if best is not None and clock.out():
+            break
+        budget = None if sweep_end is None else max(1e-3, (sweep_end - clock.elapsed()) * STEP_SHARE)
+        if best is not None and budget is not None and last_seconds * GROWTH > budget / STEP_SHARE:
+            break  # the next count would not finish in the sweep's time: doubling chunks costs about this much more
+        if progress:
+            progress({"stage": "chunks", "chunks": c, "i": i + 1, "of": len(counts),
+                      "best_us": best.finish_time_s * 1e6 if best else None})
+        same = tuple(w for w in warm if w.chunks == c)
+        out = one(c, fast, budget, same)
+        last_seconds = out.wall_seconds
+        tried.append(_row(out, "sweep"))
+        if best is None or out.finish_time_s < best.finish_time_s * (1 - GAIN):
+            best, stall = out, 0
+        else:
+            stall += 1
+        if _at_bound(best) or stall >= 2 or len(out.schedule.sends) * 2 > SEND_BUDGET:
+            break
+    assert best is not None
+    if fast != opts.method and not _at_bound(best) and not clock.out():
+        # the requested method's whole search at the best count, from the best schedule
+        c = best.demand.chunks
+        if progress:
+            progress({"stage": "chunks", "chunks": c, "i": len(tried) + 1, "of": len(tried) + 1, "search": opts.method,
+                      "best_us": best.finish_time_s * 1e6})
+        search = replace(opts, speedups=replace(opts.speedups, incumbent=False))  # the sweep's best is the incumbent
+        out = one(c, search.method, clock.left(), () if coll.reduces else (best.schedule,), search)
+        tried.append(_row(out, "search"))
+        if out.finish_time_s < best.finish_time_s:
+            best = out
+    if nccl is not None:
+        best = _nccl_if_faster(best, nccl)
+        best.nccl = nccl
+    best.chunks_requested = "auto"
+    best.chunk_search = tried
+    best.wall_seconds = clock.elapsed()
+    return best
+
+
+def _row(o: SynthOutcome, phase: str) -> dict:
+    return {"chunks": o.demand.chunks, "phase": phase, "method": o.schedule.meta.get("method"),
+            "finish_us": o.finish_time_s * 1e6, "epochs": o.sim.epochs, "seconds": round(o.wall_seconds, 3),
+            "ratio_to_lower_bound": o.finish_time_s / o.bounds.best_s if o.bounds.best_s > 0 else None}
+
+
+def _at_bound(o: SynthOutcome) -> bool:
+    return o.bounds.best_s > 0 and o.finish_time_s <= o.bounds.best_s * AT_BOUND or o.search.T <= o.search.lower
+
+
+def _nccl_if_faster(best: SynthOutcome, nccl: NcclModel) -> SynthOutcome:
+    """NCCL's fastest simulated algorithm, as the outcome, where it beats ``best`` (then the
+    schedule is NCCL's, and the report's method says so)."""
+    sims = [m for m in nccl.algorithms.values() if m.schedule is not None]
+    if not sims:
+        return best
+    m = min(sims, key=lambda m: m.time_us)
+    if m.time_us >= best.finish_time_s * 1e6:
+        return best
+    sched = m.schedule
+    sim = simulate(sched)
+    if not sim.valid:  # the modelled algorithms were verified when built; this guards them
+        return best
+    sched.meta.update({"method": f"nccl {m.name} (modelled)", "status": "feasible", "epochs": sim.epochs,
+                       "method_requested": best.schedule.meta.get("method_requested")})
+    lower = int(math.ceil(best.bounds.best_s / sim.tau - 1e-9)) if best.bounds.best_s > 0 else 0
+    search = SearchResult(sched.sends, int(sim.epochs), min(lower, int(sim.epochs)), best.search.timed_out, best.search.probes,
+                          solver_seconds=best.search.solver_seconds)
+    return SynthOutcome(sched, sim, sched.demand, best.bounds, best.baseline_name, best.baseline, search, {"time": lower},
+                        "feasible", best.wall_seconds, best.nccl)
