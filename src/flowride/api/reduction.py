@@ -18,6 +18,7 @@ from flowride.synth.greedy import baseline_sends
 from flowride.synth.options import SynthOptions
 from flowride.synth.result import Progress, SearchResult
 from flowride.topology.model import Topology
+from flowride.topology.timing import epoch_timing
 
 
 def _allgather(topo: Topology, demand: Demand, opts: SynthOptions, progress: Progress | None) -> SynthOutcome:
@@ -68,7 +69,7 @@ def synthesize_reduction(topo: Topology, demand: Demand, opts: SynthOptions, pro
     if is_ar and not same:
         fwd_base = Schedule.from_tuples(topo, fwd.demand, timing.tau, baseline_sends(topo, fwd.demand, fwd.schedule.timing)[1], {"method": fwd.baseline_name})
     base_sim = simulate(build(rev_base, fwd_base))
-    bounds = lower_bounds(topo, demand)
+    bounds = lower_bounds(topo, demand, timing=epoch_timing(topo, demand.chunk_bytes, sim.tau))
     exact = not is_ar and not topo.switches and rev.status == "optimal" and sim.epochs == rev.sim.epochs
     lower = max(int(math.ceil(bounds.best_s / sim.tau - 1e-9)), rev.search.lower if exact else 0)
     search = SearchResult(None, int(sim.epochs), min(lower, int(sim.epochs)), rev.search.timed_out or fwd.search.timed_out,

@@ -93,7 +93,7 @@ def _model(topo: Topology, demand: Demand, opts: SynthOptions, clock: Clock, pro
     base_sim = simulate(base_sched)
     if not base_sim.valid:  # the baseline is built by the same rules; this guards the builder
         raise AssertionError(f"baseline {base_name} failed verification: {base_sim.first_violation}")
-    bounds = lower_bounds(topo, demand, clock.left())
+    bounds = lower_bounds(topo, demand, clock.left(), timing)
     eb = epoch_lower_bound(topo, demand, timing, D, clock.left())
     inst = _Instance(topo, demand, timing, D, base_name, base, base_sched, base_sim, bounds, eb)
     if progress:

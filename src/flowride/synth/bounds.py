@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -57,7 +57,7 @@ from flowride.collectives.demand import Collective, Demand, make_demand
 from flowride.synth.lp_static import flow_bound_s
 from flowride.synth.reach import epoch_distances
 from flowride.topology.model import Topology
-from flowride.topology.timing import EpochTiming
+from flowride.topology.timing import ALPHA_IGNORED_BELOW, EpochTiming, epoch_timing
 
 # ---------------------------------------------------------------------------- in seconds
 
@@ -69,10 +69,11 @@ class Bounds:
     latency_s: float
     forest_s: float = 0.0  # ForestColl's max-flow bound over every cut (AllGather-like collectives)
     flow_s: float = 0.0  # the maximum concurrent flow's time (AlltoAll)
+    cut_latency_s: float = 0.0  # bandwidth and latency together, over each GPU and each chassis (:func:`cut_latency_bound`)
 
     def kinds(self) -> dict[str, float]:
         return {"ingress": self.ingress_s, "cut": self.cut_s, "latency": self.latency_s, "forest": self.forest_s,
-                "flow": self.flow_s}
+                "flow": self.flow_s, "cut+latency": self.cut_latency_s}
 
     @property
     def best_s(self) -> float:
@@ -96,17 +97,24 @@ def entering(demand: Demand, inside: frozenset[int]) -> int:
     return n
 
 
-def lower_bounds(topo: Topology, demand: Demand, time_limit: float | None = None) -> Bounds:
+def lower_bounds(topo: Topology, demand: Demand, time_limit: float | None = None, timing: EpochTiming | None = None) -> Bounds:
     """Every bound of the collective. ``time_limit`` caps the fluid bounds (forest, flow), which
     are anytime: cut short they stay sound, only weaker (:func:`forest_bound`,
-    :func:`~flowride.synth.lp_static.flow_bound_s`); both are cached per topology."""
+    :func:`~flowride.synth.lp_static.flow_bound_s`); both are cached per topology. ``timing``
+    (the schedules' epochs) adds :func:`cut_latency_bound`, which counts latency as the epoch
+    model does."""
     if demand.collective is Collective.ALLREDUCE:
-        rs = lower_bounds(topo, make_demand(topo, Collective.REDUCESCATTER, demand.size_bytes, demand.chunks))
-        ag = lower_bounds(topo, make_demand(topo, Collective.ALLGATHER, demand.size_bytes, demand.chunks))
+        rs = lower_bounds(topo, make_demand(topo, Collective.REDUCESCATTER, demand.size_bytes, demand.chunks), timing=timing)
+        ag = lower_bounds(topo, make_demand(topo, Collective.ALLGATHER, demand.size_bytes, demand.chunks), timing=timing)
         return Bounds(max(rs.ingress_s, ag.ingress_s), max(rs.cut_s, ag.cut_s), max(rs.latency_s, ag.latency_s),
-                      max(rs.forest_s, ag.forest_s))
+                      max(rs.forest_s, ag.forest_s), 0.0, max(rs.cut_latency_s, ag.cut_latency_s))
     if demand.collective is Collective.REDUCESCATTER:
-        return _reduce_scatter_bounds(topo, demand)
+        b = _reduce_scatter_bounds(topo, demand)
+        if timing is not None:
+            rev = topo.reversed()
+            ag = make_demand(rev, Collective.ALLGATHER, demand.size_bytes, demand.chunks)
+            b = replace(b, cut_latency_s=cut_latency_bound(rev, ag, epoch_timing(rev, ag.chunk_bytes, timing.tau)))
+        return b
     cb = demand.chunk_bytes
     ingress = 0.0
     for g, need in demand.needs().items():
@@ -129,7 +137,61 @@ def lower_bounds(topo: Topology, demand: Demand, time_limit: float | None = None
         forest = _forest_s(topo, demand, reverse=False, time_limit=time_limit)
     elif demand.collective is Collective.ALLTOALL:
         flow = flow_bound_s(topo, demand.chunk_bytes * demand.chunks, time_limit)
-    return Bounds(ingress, cut, max(0.0, lat - 1e-12), forest, flow)
+    cl = cut_latency_bound(topo, demand, timing) if timing is not None else 0.0
+    return Bounds(ingress, cut, max(0.0, lat - 1e-12), forest, flow, cl)
+
+
+def cut_latency_bound(topo: Topology, demand: Demand, timing: EpochTiming) -> float:
+    """Bandwidth and latency together: for a set S (each GPU alone, and each chassis), a byte that
+    GPU g in S needs from outside crosses some link l into S no earlier than the latency from the
+    nearest outside GPU to l's tail (a_l), arrives alpha_l later, and reaches g after the latency
+    from l's head to g; by time T link l has delivered at most B_l (T - a_l - alpha_l - d(head, g))
+    of those bytes. So T is at least the T at which these sums reach what g needs from outside
+    (per GPU for AlltoAll, whose bytes are distinct, also summed over S with d = 0).
+
+    Latencies count as the epoch model counts them: a link whose alpha is at most a tenth of an
+    epoch costs no epoch there, so it counts 0 here; and one epoch is taken off for whole-chunk
+    rounding. AllGather and AlltoAll (ReduceScatter: the AllGather on the reversed links)."""
+    if demand.collective.reduces or topo.teccl_compat:  # the published model's switch hops skip beta: no fluid count
+        return 0.0
+    gpus = list(topo.gpus)
+    alpha = np.array([0.0 if lk.alpha_s / timing.tau <= ALPHA_IGNORED_BELOW else lk.alpha_s for lk in topo.links])
+    src, dst = topo.link_ends
+    n = topo.num_nodes
+    A = dijkstra(sp.csr_matrix((alpha + 1e-15, (src, dst)), shape=(n, n)), directed=True)
+    bw = np.array([lk.bytes_per_s for lk in topo.links])
+    block = demand.chunk_bytes * demand.chunks
+    sets = [frozenset([g]) for g in gpus] + [s for s in topo.cut_sets() if any(g in s for g in gpus)]
+    best = 0.0
+    gpu_arr = np.array(gpus)
+    for S in sets:
+        inside = np.zeros(n, dtype=bool)
+        inside[list(S)] = True
+        into = np.flatnonzero(inside[dst] & ~inside[src])
+        outside = gpu_arr[~inside[gpu_arr]]
+        if not into.size or not outside.size:
+            continue
+        a = A[np.ix_(outside, src[into])].min(axis=0) + alpha[into]  # earliest arrival at each head
+        members = [g for g in gpus if inside[g]]
+        per_gpu = len(outside) * block  # AllGather: every outside block; AlltoAll: one block from each outside GPU
+        for g in members:
+            best = max(best, _fill_time(per_gpu, bw[into], a + A[dst[into], g]))
+        if demand.collective is Collective.ALLTOALL and len(members) > 1:
+            best = max(best, _fill_time(per_gpu * len(members), bw[into], a))
+    return max(0.0, best - timing.tau)
+
+
+def _fill_time(volume: float, rate: np.ndarray, start: np.ndarray) -> float:
+    """The T at which sum(rate * max(0, T - start)) reaches ``volume``."""
+    ok = np.isfinite(start)
+    order = np.argsort(start[ok])
+    r, c = rate[ok][order], start[ok][order]
+    cr, crc = np.cumsum(r), np.cumsum(r * c)
+    for k in range(len(r)):
+        t = (volume + crc[k]) / cr[k]
+        if k + 1 == len(r) or t <= c[k + 1]:
+            return float(max(t, c[k]))
+    return float("inf")
 
 
 def _forest_s(topo: Topology, demand: Demand, reverse: bool, time_limit: float | None = None) -> float:
