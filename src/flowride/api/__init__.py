@@ -99,7 +99,10 @@ def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: in
         if progress:
             progress({"stage": "nccl", "algorithm": model.best.name, "nccl_us": model.best.time_us})
     if auto and not topo.teccl_compat:  # the published model keeps the published single chunk
-        return synthesize_auto(topo, coll, demand.size_bytes, opts, clock, progress, warm, model)
+        out = synthesize_auto(topo, coll, demand.size_bytes, opts, clock, progress, warm, model)
+        if progress:  # the live line ends on the report's figure
+            progress({"stage": "done", "best_us": out.finish_time_s * 1e6, "chunks": out.demand.chunks})
+        return out
     if coll.reduces:
         out = synthesize_reduction(topo, demand, opts, progress, clock)
     else:

@@ -4,10 +4,11 @@ How finely each GPU's block is cut decides how well transfers pipeline (more chu
 waiting for a whole chunk at every hop) against what each chunk costs (more sends, more latency
 per byte, bigger models). No count is best everywhere, so the search tries them:
 
-1. **Construction sweep.** The fast constructions (the packed trees and tree shapes for AllGather-
-   like collectives; the LP route for AlltoAll) at 1, 2, 4, ... chunks, each with a share of the
-   time, keeping the best verified schedule. It stops when the schedule reaches its bound, when
-   two counts in a row gain nothing, when the next count would pass the send budget or cut chunks
+1. **Construction sweep.** One chunk with the requested method (what ``--chunks 1`` runs), then
+   the fast constructions (the packed trees and tree shapes for AllGather-like collectives; the LP
+   route for AlltoAll) at 2, 4, 8, ... chunks, each with a share of the time, keeping the best
+   verified schedule. It stops when the schedule reaches its bound, when
+   three counts in a row gain nothing, when the next count would pass the send budget or cut chunks
    below :data:`MIN_CHUNK_BYTES`, or when time is out.
 2. **Search.** The requested method's full search (the ladder, the A* windows, the MILP where it
    is small enough) at the best count with the rest of the time, starting from the best schedule.
@@ -43,6 +44,7 @@ STEP_SHARE = 0.35  # of the sweep's remaining time one chunk count may take
 AT_BOUND = 1.0005  # a finish within this ratio of the bound cannot be bettered in practice
 GAIN = 0.002  # a count must improve the best by this much to count as a gain
 GROWTH = 2.5  # how much longer the next (doubled) chunk count is taken to need
+STALLS = 3  # counts in a row without a gain before the sweep stops
 
 
 def chunk_counts(topo: Topology, size_bytes: int) -> list[int]:
@@ -72,6 +74,7 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
 
     tried: list[dict] = []
     best: SynthOutcome | None = None
+    fast_best: float | None = None
     stall = 0
     counts = chunk_counts(topo, size_bytes)
     sweep_end = None if clock.limit is None else clock.elapsed() + clock.left() * SWEEP_SHARE
@@ -86,14 +89,17 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
             progress({"stage": "chunks", "chunks": c, "i": i + 1, "of": len(counts),
                       "best_us": best.finish_time_s * 1e6 if best else None})
         same = tuple(w for w in warm if w.chunks == c)
-        out = one(c, fast, budget, same)
+        out = one(c, opts.method if i == 0 else fast, budget, same)  # one chunk: the classic search, as --chunks 1 runs it
         last_seconds = out.wall_seconds
         tried.append(_row(out, "sweep"))
-        if best is None or out.finish_time_s < best.finish_time_s * (1 - GAIN):
-            best, stall = out, 0
-        else:
+        if best is None or out.finish_time_s < best.finish_time_s:
+            best = out
+        # gains are judged within the fast constructions (the first count ran another method)
+        if i > 0 and (fast_best is None or out.finish_time_s < fast_best * (1 - GAIN)):
+            fast_best, stall = out.finish_time_s, 0
+        elif i > 0:
             stall += 1
-        if _at_bound(best) or stall >= 2 or len(out.schedule.sends) * 2 > SEND_BUDGET:
+        if _at_bound(best) or stall >= STALLS or len(out.schedule.sends) * 2 > SEND_BUDGET:
             break
     assert best is not None
     if fast != opts.method and not _at_bound(best) and not clock.out():
@@ -123,7 +129,9 @@ def _row(o: SynthOutcome, phase: str) -> dict:
 
 
 def _at_bound(o: SynthOutcome) -> bool:
-    return o.bounds.best_s > 0 and o.finish_time_s <= o.bounds.best_s * AT_BOUND or o.search.T <= o.search.lower
+    """At the bound in seconds (an epoch count proven minimal for one chunk count is not: more
+    chunks may still do better)."""
+    return o.bounds.best_s > 0 and o.finish_time_s <= o.bounds.best_s * AT_BOUND
 
 
 def _nccl_if_faster(best: SynthOutcome, nccl: NcclModel) -> SynthOutcome:

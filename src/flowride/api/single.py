@@ -28,6 +28,7 @@ from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming, epoch_timing
 
 INCUMBENT_SHARE = 0.3  # of the time the tree incumbents may take before the chosen method's search
+MEASURE_SECONDS_PER_SEND = 20e-6  # pruning and replaying the winner, per send, on one core
 
 
 def synthesize_one(topo: Topology, demand: Demand, opts: SynthOptions, clock: Clock, progress: Progress | None = None,
@@ -35,7 +36,12 @@ def synthesize_one(topo: Topology, demand: Demand, opts: SynthOptions, clock: Cl
     """Model, search, verify and measure ``demand`` (already checked against ``opts``). ``warm``:
     schedules of the same collective on ``topo`` at other sizes, retimed and offered as incumbents."""
     inst = _model(topo, demand, opts, clock, progress)
-    found = _search(inst, opts, clock, _in_time(progress, inst.timing.tau), warm)
+    search_clock = clock
+    if clock.limit is not None:  # keep what verifying and measuring the winner will take (the baseline's size, about)
+        hops = 2 if topo.switches else 1  # a delivery through a switch is two sends
+        reserve = min(0.3 * clock.left(), MEASURE_SECONDS_PER_SEND * max(len(inst.base), hops * demand.num_deliveries))
+        search_clock = Clock(max(1e-3, clock.left() - reserve))
+    found = _search(inst, opts, search_clock, _in_time(progress, inst.timing.tau), warm)
     return _measure(inst, found, opts, clock)
 
 
@@ -138,7 +144,8 @@ def _incumbents(inst: _Instance, opts: SynthOptions, clock: Clock, progress: Pro
         trees = synthesize_trees(inst.topo, demand, inst.timing, budget, progress, min(lo, best.hi))
         best.probes += trees.probes
         best.timed_out = trees.timed_out and method == "trees"
-        best.offer(trees.sends, "trees", trees.T, always=method == "trees")
+        if trees.sends is not None:
+            best.offer(trees.sends, "trees", trees.T, always=method == "trees")
     for w in warm if method != "trees" and opts.objective == "makespan" else ():  # like a ladder level (the LP route compares it too)
         if (w.size_bytes, w.chunks, w.tau) == (demand.size_bytes, demand.chunks, inst.timing.tau):  # this very instance
             sim = simulate(w)

@@ -88,6 +88,9 @@ class _ProgressView:
             loud = True
         elif stage == "window":
             msg = f"window {ev['window']} at epoch {ev['start_epoch']}: {ev['delivered']}/{ev['needed']} delivered"
+        elif stage == "done":
+            self.best_us = ev["best_us"]  # the report's schedule (NCCL's own, where it won)
+            msg = f"done: {ev['chunks']} chunk(s) per block"
         elif stage == "decompose":
             msg = "LP flow decomposed into sends"
             loud = True

@@ -85,18 +85,33 @@ class LinkBook:
                     return j
             free = np.flatnonzero(row[k:] < cap)
             return k + int(free[0]) if free.size else n
+        # windows are scanned a stretch at a time, so a link whose row has grown long is not read
+        # whole for a fit found near k (the list schedulers ask this millions of times)
+        stretch = 8 * (b + 1) + 64
+        while True:
+            end = min(n + b, k + stretch)  # candidates k .. end
+            found = self._first_fit(row, n, b, cap, k, end)
+            if found is not None or end >= n + b:
+                return found if found is not None else n + b
+            k = end + 1
+            stretch *= 4
+
+    @staticmethod
+    def _first_fit(row: np.ndarray, n: int, b: int, cap: int, k: int, end: int) -> int | None:
+        """The first start in k .. end that fits (windows of b + 1 epochs), or None."""
         lo = k - b  # window starts from lo (maybe negative: such windows hold epochs 0.. only)
-        span = n + b - lo + 1  # window starts lo .. n + b; the candidates k .. n + b
-        r = np.zeros(span + b, dtype=np.int64)  # epochs lo .. n + 2b
-        src = np.arange(max(0, lo), n)
-        r[src - lo] = row[max(0, lo):n]
+        span = end - lo + 1  # window starts lo .. end
+        r = np.zeros(span + b, dtype=np.int64)  # epochs lo .. end + b
+        a, z = max(0, lo), min(n, end + b + 1)
+        if z > a:
+            r[a - lo: z - lo] = row[a:z]
         c = np.concatenate(([0], np.cumsum(r)))
         full = (c[b + 1: b + 1 + span] - c[:span]) >= cap  # the window beginning at lo + j is full
         starts = np.arange(lo, lo + span)
         last_full = np.maximum.accumulate(np.where(full, starts, lo - b - 1))
-        cand = starts[b:]  # k .. n + b
+        cand = starts[b:]  # k .. end
         ok = np.flatnonzero(last_full[b:] < cand - b)
-        return int(cand[ok[0]]) if ok.size else n + b
+        return int(cand[ok[0]]) if ok.size else None
 
     def offsets(self, links: Sequence[int]) -> list[tuple[int, int]]:
         """A path's hops as (link, epochs after the first send): a chunk leaves each node the
@@ -115,6 +130,13 @@ class LinkBook:
         epoch)`` vetoes a hop for reasons of the caller's own. Every list scheduler places its
         segments, trees and paths through this one search; a failing hop moves k straight to
         that link's next epoch with room (:meth:`next_fit`), since offsets are fixed."""
+        if len(hops) > 1 and len(set(hops)) < len(hops):  # the same slot twice: can it ever fit?
+            need: dict[tuple[int, int], int] = {}
+            for h in hops:
+                need[h] = need.get(h, 0) + 1
+            over = [h for h, c in need.items() if c > self._caps[h[0]]]
+            if over:
+                raise ValueError(f"link {over[0][0]} would carry {need[over[0]]} chunks in one epoch, over its capacity window")
         k = ready
         while until is None or k <= until:
             taken: list[tuple[int, int]] = []

@@ -70,6 +70,26 @@ class _Unit:
         return self.reached + [r for _, reached in (self.branches if branches is None else branches) for r in reached]
 
 
+def _bundles(branches: list, timing: EpochTiming) -> list[list]:
+    """The children of a copying switch, grouped so that no link carries more than its window's
+    worth in one epoch within a group: two different tree edges leaving the switch over the same
+    forwarding link in the same epoch would need two slots where there may be one."""
+    out: list[tuple[list, dict]] = []
+    for br in branches:
+        need: dict[tuple[int, int], int] = {}
+        for h in br[0]:
+            need[h] = need.get(h, 0) + 1
+        for bundle, used in out:
+            if all(used.get(h, 0) + c <= int(timing.window_cap[h[0]]) for h, c in need.items()):
+                bundle.append(br)
+                for h, c in need.items():
+                    used[h] = used.get(h, 0) + c
+                break
+        else:
+            out.append(([br], dict(need)))
+    return [b for b, _ in out]
+
+
 def _units(topo: Topology, timing: EpochTiming, tree: PackedTree) -> tuple[list[_Unit], dict[int, list[int]]]:
     """The tree's transfers and, per GPU, the indices of those it sends."""
     out_of: dict[int, list[TreeEdge]] = {}
@@ -109,7 +129,8 @@ def _units(topo: Topology, timing: EpochTiming, tree: PackedTree) -> tuple[list[
                 grow(f, off, hops, got)
                 branches.append((hops, got))
             single_epoch = all(int(timing.beta_epochs[li]) == 0 for li, _ in prefix)
-            units.append(_Unit(g, prefix, [], branches, splittable=single_epoch and len(branches) > 1))
+            for bundle in _bundles(branches, timing):  # children whose hops would collide go in separate sends
+                units.append(_Unit(g, prefix, [], bundle, splittable=single_epoch and len(bundle) > 1))
     by_sender: dict[int, list[int]] = {}
     for i, u in enumerate(units):
         by_sender.setdefault(u.sender, []).append(i)

@@ -84,19 +84,20 @@ def _ring_schedule(topo: Topology, demand: Demand, timing: EpochTiming, chans) -
             segs.append(sg)
         hop_segs.append(segs)
     pos = [{g: i for i, (g, _) in enumerate(order)} for order in chans]
-    for c in range(demand.chunks):
-        ch = c % nch
-        order, segs, where = chans[ch], hop_segs[ch], pos[ch]
-        n = len(order)
-        for step in range(n - 1):
+    n = len(chans[0])
+    # step by step, chunk by chunk: each link forwards in the order chunks reach it, the pipeline
+    # the ring's recurrence describes (ring_epochs_estimate)
+    for step in range(n - 1):
+        for c in range(demand.chunks):
+            ch = c % nch
+            order, segs, where = chans[ch], hop_segs[ch], pos[ch]
             for s in topo.gpus:
                 i = (where[s] + step) % n
                 u, v = order[i][0], order[(i + 1) % n][0]
-                ready = gs.held_at(s, c, u)
                 if segs[i] is None:
                     gs.transfer(s, c, u, v)
                 else:
-                    _move(gs, s, c, segs[i], ready)
+                    _move(gs, s, c, segs[i], gs.held_at(s, c, u))
     return sorted(gs.sends)
 
 

@@ -103,7 +103,8 @@ def _grow(root: int, e: _Edges, out: dict[int, list[int]], cost: np.ndarray, del
     return parent
 
 
-def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str = "shortest") -> list[tuple[int, int, int, int]]:
+def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str = "shortest",
+               deadline: float | None = None) -> list[tuple[int, int, int, int]] | None:
     """AllGather sends along one load-balanced broadcast tree per (source, chunk).
 
     ``shape`` "shortest": fewest-epoch trees (Dijkstra), where ``spread`` weighs link load against
@@ -111,7 +112,8 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
     later trees off loaded links. "cheapest": trees grown Prim-style (:func:`_grow`) under the link
     time each edge consumes, inflated by the load already on it, plus ``spread`` times its depth:
     a tree then crosses a thin cut once and copies on the far side (best when bandwidth
-    dominates), at the price of deeper trees."""
+    dominates), at the price of deeper trees. ``deadline`` (a ``time.perf_counter()`` value): past
+    it the building stops and None is returned."""
     if not demand.collective.multicast or demand.collective.reduces:
         raise ValueError("tree_sends builds AllGather schedules; reductions use the reversed AllGather")
     e = _gpu_edges(topo, timing)
@@ -133,7 +135,9 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
     for i, a in enumerate(e.src):
         out.setdefault(a, []).append(i)
     trees: list[tuple[int, int, dict[int, int]]] = []
-    for q in sorted(demand.commodities, key=lambda q: (q.chunk, q.source)):
+    for qi, q in enumerate(sorted(demand.commodities, key=lambda q: (q.chunk, q.source))):
+        if deadline is not None and qi % 64 == 0 and time.perf_counter() > deadline:
+            return None
         if shape == "cheapest":
             per = np.append((1 + link_load) * chunk_epochs, 0.0)
             w = per[EL].sum(axis=1)
@@ -174,7 +178,11 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
     for ti, (s, _c, _p) in enumerate(trees):
         for v in children[ti].get(s, []):
             heapq.heappush(heap, (0, -height[ti][v] - delay[trees[ti][2][v]], ti, v))
+    ticks = 0
     while heap:
+        ticks += 1
+        if deadline is not None and ticks % 2048 == 0 and time.perf_counter() > deadline:
+            return None
         ready, _, ti, v = heapq.heappop(heap)
         s, c, parent = trees[ti]
         ei = parent[v]
@@ -188,22 +196,24 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
 
 
 # Tree shapes tried by :func:`synthesize_trees`: first the trees packed to the throughput optimum
-# (:mod:`flowride.synth.packing`, scheduled by :mod:`flowride.synth.forest`), then each (shape,
+# (:mod:`flowride.synth.packing`), scheduled by :mod:`flowride.synth.forest` each transfer once in
+# priority order (quick), then in time order (better where links are contended), then each (shape,
 # spread) pair of :func:`tree_sends`, cheapest first in wall time; together they cover
 # bandwidth-bound and latency-bound (shallow trees) instances.
-TREE_VARIANTS: tuple[tuple[str, float], ...] = (("packed", 0.0), ("shortest", 0.5), ("cheapest", 2.0), ("cheapest", 0.5),
-                                                ("cheapest", 0.1))
+TREE_VARIANTS: tuple[tuple[str, float], ...] = (("packed-serial", 0.0), ("packed", 0.0), ("shortest", 0.5), ("cheapest", 2.0),
+                                                ("cheapest", 0.5), ("cheapest", 0.1))
 PACKING_SHARE = 0.5  # of the packed variant's time the packing LP may take before its trees are scheduled
 PACKED_SHARE = 0.7  # of the time limit the packed variant may take (the shapes after it are quick)
 
 
-def packed_sends(topo: Topology, demand, timing, time_limit: float | None = None) -> list[tuple[int, int, int, int]] | None:
+def packed_sends(topo: Topology, demand, timing, time_limit: float | None = None,
+                 serial: bool = False) -> list[tuple[int, int, int, int]] | None:
     """AllGather sends along the trees packed to the throughput optimum of the epoch model's link
     capacities (whole chunks per capacity window), list-scheduled (:func:`forest_sends`); None when
     ``time_limit`` ran out before the schedule was complete."""
     t0 = time.perf_counter()
     packing = packing_for(topo, timing, demand.chunk_bytes, None if time_limit is None else time_limit * PACKING_SHARE)
-    return forest_sends(topo, demand, timing, packing, deadline=None if time_limit is None else t0 + time_limit)
+    return forest_sends(topo, demand, timing, packing, serial=serial, deadline=None if time_limit is None else t0 + time_limit)
 
 
 _PACKINGS: dict[tuple, Packing] = {}
@@ -241,13 +251,16 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
             timed_out = True
             break
         ps = time.perf_counter()
-        if shape == "packed":
+        if shape.startswith("packed"):
             left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
-            sends = packed_sends(topo, demand, timing, None if left is None else left * PACKED_SHARE)
+            sends = packed_sends(topo, demand, timing, None if left is None else left * PACKED_SHARE, shape == "packed-serial")
             if sends is None:  # out of time before the packed schedule was whole: the shapes below are quick
                 continue
         else:
-            sends = tree_sends(topo, demand, timing, spread, shape)
+            sends = tree_sends(topo, demand, timing, spread, shape, None if time_limit is None else t0 + time_limit)
+            if sends is None:  # out of time
+                timed_out = True
+                break
         sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, sends))
         if not sim.valid:  # the construction obeys the model's rules; this guards it
             raise AssertionError(f"tree schedule ({shape}, {spread}) failed verification: {sim.first_violation}")
@@ -259,5 +272,6 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
                       "epochs": int(sim.epochs), "best": best[0], "lo": lower, "elapsed": time.perf_counter() - t0})
         if best[0] <= lower:
             break
-    assert best is not None
+    if best is None:  # the time ran out before any shape was whole: the caller keeps its baseline
+        return SearchResult(None, 1 << 60, lower, True, probes, solver_seconds=time.perf_counter() - t0)
     return SearchResult(best[1], best[0], min(lower, best[0]), timed_out, probes, solver_seconds=time.perf_counter() - t0)

@@ -1,0 +1,115 @@
+"""Synthesis on the clusters people run, against the bound and NCCL's own algorithms (issue: fabrics).
+
+Every figure is a modelled time: the epoch simulator's replay of a verified schedule (ours, and
+NCCL's algorithms built as schedules on the same topology and epochs), never a wall-clock
+measurement, so the machine's load changes only how far a search gets within its time limit. The
+synthesis runs with the default options (``--chunks auto``) and the time limit given.
+
+    .venv/bin/python benchmarks/fabrics.py                      # the target table (1 GB, 1 MB, AlltoAll)
+    .venv/bin/python benchmarks/fabrics.py --only dgx-h100x2 --cases ag1g
+    .venv/bin/python benchmarks/fabrics.py --nccl-sweep         # 1 KB .. 1 GB against NCCL's best, per size
+    .venv/bin/python benchmarks/fabrics.py --scale 16           # 16 x dgx-h100 (128 GPUs), 10 minutes
+    .venv/bin/python benchmarks/fabrics.py --scale 128          # 128 x dgx-h100 (1024 GPUs), 30 minutes
+
+Prints a markdown table (instance, collective, size, ours, NCCL's best and which, the bound and
+its kind, ratios, chunks, method, wall seconds, peak memory); ``--json FILE`` keeps the rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+
+from flowride.api import synthesize
+from flowride.topology.builtins import dgx2, mi250
+from flowride.topology.fabrics import FabricSpec, fabric
+from flowride.units import format_size, parse_size
+
+INSTANCES = {
+    "dgx-h100x2": lambda: fabric(FabricSpec("dgx-h100", 2)),
+    "dgx-h100x4": lambda: fabric(FabricSpec("dgx-h100", 4)),
+    "dgx-h100x8": lambda: fabric(FabricSpec("dgx-h100", 8)),
+    "dgx2x4": lambda: dgx2(4),
+    "mi250x2": lambda: mi250(2),
+    "mi250x4": lambda: mi250(4),
+    # ForestColl's A100 model: a 200 Gb/s NIC per GPU, even and odd NICs on two InfiniBand switches
+    "a100x2-ib": lambda: fabric(FabricSpec("dgx-a100", 2, rails=2)),
+    "a100x4-ib": lambda: fabric(FabricSpec("dgx-a100", 4, rails=2)),
+    "a800x4-clos": lambda: fabric(FabricSpec("a800", 4, "clos", nic_share=2)),
+}
+CASES = {
+    "ag1g": ("allgather", "1GB"),
+    "ag1m": ("allgather", "1MB"),
+    "rs1g": ("reducescatter", "1GB"),
+    "rs1m": ("reducescatter", "1MB"),
+    "a2a64m": ("alltoall", "64MB"),
+    "a2a1g": ("alltoall", "1GB"),
+}
+SWEEP = ["1KB", "32KB", "1MB", "32MB", "1GB"]
+
+
+def run(name: str, topo, coll: str, size: str, limit: float) -> dict:
+    t0 = time.perf_counter()
+    out = synthesize(topo, coll, parse_size(size, "size"), "fast", "auto", limit)
+    wall = time.perf_counter() - t0
+    r = out.report()
+    n = r["nccl"]
+    return {"instance": name, "gpus": r["gpus"], "collective": coll, "size": size, "ours_us": r["finish_time_us"],
+            "nccl_us": n["best_us"] if n else None, "nccl_best": n["best"] if n else None,
+            "nccl_how": n["how"][n["best"]] if n else None, "bound_us": r["lower_bound_us"], "bound_kind": r["lower_bound_kind"],
+            "ratio": r["ratio_to_lower_bound"], "speedup_vs_nccl": r["speedup_vs_nccl"], "chunks": r["chunks"],
+            "method": r["method"], "wall_s": wall, "time_limit_s": limit,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| instance | GPUs | collective | size | ours (us) | NCCL best (us) | NCCL algorithm | bound (us) | bound kind | "
+            "ours / bound | NCCL / ours | chunks | method | wall (s) / limit |")
+    lines = [head, "|---" * 14 + "|"]
+    for r in rows:
+        lines.append(f"| {r['instance']} | {r['gpus']} | {r['collective']} | {r['size']} | {r['ours_us']:.2f} | "
+                     f"{r['nccl_us']:.2f} | {r['nccl_best']} ({r['nccl_how']}) | {r['bound_us']:.2f} | {r['bound_kind']} | "
+                     f"{r['ratio']:.3f} | {r['speedup_vs_nccl']:.2f} | {r['chunks']} | {r['method']} | "
+                     f"{r['wall_s']:.0f} / {r['time_limit_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", help="comma list of instances: " + ", ".join(INSTANCES))
+    ap.add_argument("--cases", help="comma list of cases: " + ", ".join(CASES))
+    ap.add_argument("--time-limit", type=float, default=120.0, help="seconds per synthesis (default 120)")
+    ap.add_argument("--nccl-sweep", action="store_true", help="AllGather at " + ", ".join(SWEEP) + " against NCCL's best")
+    ap.add_argument("--scale", type=int, help="nodes of dgx-h100 on rails: AllGather and AlltoAll at 1 GB")
+    ap.add_argument("--json", help="write the rows here")
+    a = ap.parse_args()
+    rows = []
+    if a.scale:
+        topo = fabric(FabricSpec("dgx-h100", a.scale))
+        for coll in ("allgather", "alltoall"):
+            rows.append(run(topo.name, topo, coll, "1GB", a.time_limit))
+            print(table(rows[-1:]), flush=True)
+    else:
+        names = a.only.split(",") if a.only else list(INSTANCES)
+        cases = [(c, s) for c in ("allgather",) for s in SWEEP] if a.nccl_sweep else \
+            [CASES[k] for k in (a.cases.split(",") if a.cases else CASES)]
+        for name in names:
+            topo = INSTANCES[name]()
+            for coll, size in cases:
+                rows.append(run(name, topo, coll, size, a.time_limit))
+                print(table(rows[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(table(rows))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"\n{len(rows)} syntheses; sizes decimal ({format_size(10**9)} = 1e9 bytes); times modelled by the epoch simulator",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
