@@ -167,7 +167,7 @@ def test_forced_chunks_are_kept():
 
 @pytest.mark.parametrize("args,limit", [
     (["-t", "fabric", "--node", "h800", "--nodes", "2", "-c", "alltoall", "-s", "64MiB"], 20),  # ran 11% over before
-    (["-t", "dgx2", "--chassis", "4", "-c", "allgather", "-s", "1GB", "--chunks", "64", "--method", "trees"], 20),  # 349 s for 120
+    (["-t", "dgx2", "--chassis", "4", "-c", "allgather", "-s", "1GB", "--chunks", "64", "--method", "trees"], 40),  # 349 s for 120
 ])
 def test_time_limit_is_wall_time(tmp_path, args, limit):
     t0 = time.perf_counter()

@@ -118,6 +118,8 @@ def check_work(topo: Topology, demand: Demand, timing, time_limit: float | None)
         raise InputError("epoch", f"{timing.tau:.3g} s makes one chunk span {b:,} epochs (at most {MAX_BETA_EPOCHS:,})",
                          f"use --epoch fast or slow, or an epoch of at least {longest:.3g} s")
     hops = 1.0 if demand.collective.multicast else max(1.0, math.sqrt(len(topo.gpus)) / 2)  # direct routes cross hops
+    if topo.switches:
+        hops *= 2  # a transfer through a switch is two sends
     sends = demand.num_deliveries * hops
     est = sends * SECONDS_PER_SEND
     if time_limit is None and demand.num_deliveries > UNTIMED_MAX_DELIVERIES:

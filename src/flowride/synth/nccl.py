@@ -52,7 +52,7 @@ SEND_BUDGET = 2_000_000  # sends of one modelled algorithm that the simulator re
 # one hop each way.
 P2P_MAX_PIECES = 8
 NVLS_MAX_PIECES = 32
-SECONDS_PER_SEND = 20e-6  # building and replaying one send, about, on one core
+SECONDS_PER_SEND = 35e-6  # building and replaying one send, about, on one core
 
 
 def _move(gs: GreedyScheduler, s: int, c: int, segs: list[list[int]], ready: int) -> int:
