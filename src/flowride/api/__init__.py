@@ -83,7 +83,8 @@ def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: in
     this one and offered as incumbents (AllGather, AlltoAll)."""
     opts.check()
     auto = chunks == "auto"
-    if auto and opts.time_limit is None and not topo.teccl_compat:
+    default_budget = auto and opts.time_limit is None and not topo.teccl_compat
+    if default_budget:
         opts = replace(opts, time_limit=AUTO_DEFAULT_SECONDS)  # the search must end: a default budget, stated in the help
     clock = Clock(opts.time_limit)
     if not auto and not (isinstance(chunks, int) and not isinstance(chunks, bool)):
@@ -99,7 +100,7 @@ def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: in
         if progress:
             progress({"stage": "nccl", "algorithm": model.best.name, "nccl_us": model.best.time_us})
     if auto and not topo.teccl_compat:  # the published model keeps the published single chunk
-        out = synthesize_auto(topo, coll, demand.size_bytes, opts, clock, progress, warm, model)
+        out = synthesize_auto(topo, coll, demand.size_bytes, opts, clock, progress, warm, model, default_budget)
         if progress:  # the live line ends on the report's figure
             progress({"stage": "done", "best_us": out.finish_time_s * 1e6, "chunks": out.demand.chunks})
         return out

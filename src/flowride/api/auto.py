@@ -45,6 +45,7 @@ AT_BOUND = 1.0005  # a finish within this ratio of the bound cannot be bettered 
 GAIN = 0.002  # a count must improve the best by this much to count as a gain
 GROWTH = 2.5  # how much longer the next (doubled) chunk count is taken to need
 STALLS = 3  # counts in a row without a gain before the sweep stops
+SEARCH_FACTOR, SEARCH_FLOOR = 2.0, 5.0  # without a time limit: the search's share after the sweep
 
 
 def chunk_counts(topo: Topology, size_bytes: int) -> list[int]:
@@ -58,9 +59,13 @@ def chunk_counts(topo: Topology, size_bytes: int) -> list[int]:
 
 
 def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opts: SynthOptions, clock: Clock,
-                    progress: Progress | None = None, warm: tuple[Schedule, ...] = (), nccl: NcclModel | None = None) -> SynthOutcome:
+                    progress: Progress | None = None, warm: tuple[Schedule, ...] = (), nccl: NcclModel | None = None,
+                    default_budget: bool = False) -> SynthOutcome:
     """The best verified schedule over chunk counts, methods and NCCL's modelled algorithms (see the
-    module); ``warm`` are other sizes' schedules (a sweep), offered at their own chunk counts."""
+    module); ``warm`` are other sizes' schedules (a sweep), offered at their own chunk counts.
+    ``default_budget``: the caller gave no time limit (``clock`` holds the default), so the search
+    after the sweep takes what the sweep took again, twice (at least SEARCH_FLOOR seconds), not
+    all that is left."""
     coll = collective
     gathers = coll.multicast or coll.reduces
     fast = "trees" if gathers and opts.method == "auto" else opts.method  # a method asked for by name runs at every count
@@ -102,14 +107,16 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
         if _at_bound(best) or stall >= STALLS or len(out.schedule.sends) * 2 > SEND_BUDGET:
             break
     assert best is not None
-    if fast != opts.method and not _at_bound(best) and not clock.out():
+    searched_one = best.demand.chunks == 1  # the first count already had the whole search
+    if fast != opts.method and not searched_one and not _at_bound(best) and not clock.out():
         # the requested method's whole search at the best count, from the best schedule
         c = best.demand.chunks
         if progress:
             progress({"stage": "chunks", "chunks": c, "i": len(tried) + 1, "of": len(tried) + 1, "search": opts.method,
                       "best_us": best.finish_time_s * 1e6})
         search = replace(opts, speedups=replace(opts.speedups, incumbent=False))  # the sweep's best is the incumbent
-        out = one(c, search.method, clock.left(), () if coll.reduces else (best.schedule,), search)
+        budget = clock.left() if not default_budget else min(clock.left(), max(SEARCH_FLOOR, SEARCH_FACTOR * clock.elapsed()))
+        out = one(c, search.method, budget, () if coll.reduces else (best.schedule,), search)
         tried.append(_row(out, "search"))
         if out.finish_time_s < best.finish_time_s:
             best = out

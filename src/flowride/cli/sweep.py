@@ -208,9 +208,10 @@ def ranges_table(plan) -> SweepTable:
     t = SweepTable(f"MSCCL algorithms for {plan.collective} on {plan.topology} ({plan.gpus} GPUs), one per size range "
                    f"(worst loss at most {plan.max_loss:g})",
                    [("", "minBytes", ""), ("", "maxBytes", ""), ("", "file", ""), ("", "chunks", ""), ("", "epochs", ""),
-                    ("", "protocol", ""), ("", "swept sizes", ""), ("", "worst loss", "")],
-                   left=frozenset({"file", "epochs", "protocol", "swept sizes"}))
+                    ("", "protocol", ""), ("", "swept sizes", ""), ("", "worst loss", ""), ("", "vs NCCL's best", "")],
+                   left=frozenset({"file", "epochs", "protocol", "swept sizes", "vs NCCL's best"}))
     for r in plan.ranges:
+        vs = ", ".join(f"{x['best']} {x['speedup_vs_nccl']:.2f}x" for x in r.nccl) or "-"
         t.add_row(r.min_bytes, "0 (open)" if r.max_bytes == 0 else r.max_bytes, r.file, r.chunks, r.pick.epoch, r.proto,
-                  ", ".join(format_size(s) for s in r.sizes), f"{r.worst_loss:.3f}")
+                  ", ".join(format_size(s) for s in r.sizes), f"{r.worst_loss:.3f}", vs)
     return t

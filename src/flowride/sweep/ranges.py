@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flowride.api import retimed
@@ -76,6 +76,12 @@ class SizePick:
     pick: Candidate
     point: SweepPoint  # the pick's synthesis
     proto: str
+    nccl: tuple[str, float] | None = None  # NCCL's best modelled algorithm at this size and its time (us)
+
+    @property
+    def nccl_speedup(self) -> float | None:
+        """NCCL's best modelled time over the pick's (how much faster ours is)."""
+        return self.nccl[1] / self.times_us[self.pick.label] if self.nccl else None
 
     @property
     def key(self) -> tuple:
@@ -97,11 +103,12 @@ class RangeAlgo:
     from_size: int  # the swept size whose schedule is written
     worst_loss: float  # max over the range's sizes of (that schedule at that size / the size's own); <= max_loss
     file: str = ""
+    nccl: list[dict] = field(default_factory=list)  # per swept size: NCCL's best modelled algorithm, its time, our speedup
 
     def as_dict(self) -> dict:
         return {"file": self.file, "min_bytes": self.min_bytes, "max_bytes": self.max_bytes, "chunks": self.chunks,
                 "epoch": self.pick.epoch, "proto": self.proto, "sizes": self.sizes, "schedule_from_size": self.from_size,
-                "worst_loss": self.worst_loss, "method": self.schedule.meta.get("method")}
+                "worst_loss": self.worst_loss, "method": self.schedule.meta.get("method"), "nccl": self.nccl}
 
 
 SELECTION = ("MSCCL picks an algorithm when minBytes <= size <= maxBytes (maxBytes 0: no limit) and the chunking fits: "
@@ -125,19 +132,24 @@ class RangePlan:
             "topology": self.topology, "collective": self.collective, "gpus": self.gpus, "selection": SELECTION,
             "candidates": [c.label for c in self.candidates], "protocol_rule": self.protocol_rule, "max_loss": self.max_loss,
             "ranges": [r.as_dict() for r in self.ranges],
-            "sizes": [{"size": p.size, "pick": p.pick.label, "proto": p.proto, "times_us": p.times_us} for p in self.picks],
+            "sizes": [{"size": p.size, "pick": p.pick.label, "proto": p.proto, "times_us": p.times_us,
+                       "nccl": {"best": p.nccl[0], "best_us": p.nccl[1], "speedup_vs_nccl": p.nccl_speedup} if p.nccl else None}
+                      for p in self.picks],
         }
 
     def markdown(self) -> str:
         lines = [f"# MSCCL algorithms for {self.collective} on {self.topology} ({self.gpus} GPUs)", "",
-                 "| bytes (minBytes..maxBytes) | file | chunks | epochs | protocol | swept sizes | worst loss |",
-                 "|---|---|---|---|---|---|---|"]
+                 "| bytes (minBytes..maxBytes) | file | chunks | epochs | protocol | swept sizes | worst loss | vs NCCL's best |",
+                 "|---|---|---|---|---|---|---|---|"]
         for r in self.ranges:
             hi = "open" if r.max_bytes == 0 else f"{r.max_bytes:,}"
+            vs = ", ".join(f"{x['best']} {x['speedup_vs_nccl']:.2f}x" for x in r.nccl) or "-"
             lines.append(f"| {r.min_bytes:,}..{hi} | {r.file} | {r.chunks} | {r.pick.epoch} | {r.proto} | "
-                         f"{', '.join(format_size(s) for s in r.sizes)} | {r.worst_loss:.3f} |")
+                         f"{', '.join(format_size(s) for s in r.sizes)} | {r.worst_loss:.3f} | {vs} |")
         lines += ["", f"Worst loss: the range's schedule at a swept size over that size's own modelled time (at most "
                       f"{self.max_loss:g}; a range is split where it would be more).",
+                  "", "vs NCCL's best: per swept size, NCCL's fastest algorithm modelled on the same topology and epochs "
+                      "(flowride.synth.nccl) and how much faster this range's pick is there.",
                   "", "Protocol: not chosen by the synthesis model; " + self.protocol_rule + ".", ""]
         return "\n".join(lines)
 
@@ -193,14 +205,17 @@ def plan_ranges(topo: Topology, collective: Collective | str, sizes: list[int], 
         def tagged(ev: dict, k: int = k, cand: Candidate = cand) -> None:
             if progress:
                 progress({**ev, "candidate": cand.label, "candidate_i": k + 1, "candidates": len(cands)})
-        sweeps[cand] = synthesize_sweep(topo, coll, same, cand.chunks, replace(opts, epoch=cand.epoch), tagged, warm_start)
+        sweeps[cand] = synthesize_sweep(topo, coll, same, cand.chunks, replace(opts, epoch=cand.epoch), tagged, warm_start,
+                                        nccl=k == 0)  # NCCL's algorithms depend on the size only: modelled once
     bus = gpu_bus_GBps(topo)
     picks = []
     for i, size in enumerate(p.size_bytes for p in sweeps[cands[0]]):
         times = {c.label: sweeps[c][i].outcome.finish_time_s for c in cands}
         best = next(c for c in cands if times[c.label] <= min(times.values()) * (1 + 1e-9))  # ties: the earlier candidate
         p = proto if proto != "auto" else nccl_protocol(coll, len(topo.gpus), size, bus)
-        picks.append(SizePick(size, {k: v * 1e6 for k, v in times.items()}, best, sweeps[best][i], p))
+        model = sweeps[cands[0]][i].outcome.nccl
+        picks.append(SizePick(size, {k: v * 1e6 for k, v in times.items()}, best, sweeps[best][i], p,
+                              (model.best.name, model.best.time_us) if model else None))
     groups: list[list[SizePick]] = []
     for p in picks:
         if groups and groups[-1][-1].key == p.key:
@@ -213,8 +228,9 @@ def plan_ranges(topo: Topology, collective: Collective | str, sizes: list[int], 
         lo = 0 if g == 0 else members[0].size
         hi = 0 if g == len(pieces) - 1 else pieces[g + 1][0][0].size - 1
         first = members[0]
+        nccl = [{"size": m.size, "best": m.nccl[0], "best_us": m.nccl[1], "speedup_vs_nccl": m.nccl_speedup} for m in members if m.nccl]
         ranges.append(RangeAlgo(lo, hi, first.pick, first.point.outcome.schedule.chunks, first.proto, [m.size for m in members],
-                                members[j].point.outcome.schedule, members[j].size, worst))
+                                members[j].point.outcome.schedule, members[j].size, worst, nccl=nccl))
     rule = f"fixed by the caller: {proto}" if proto != "auto" else PROTOCOL_RULE + f"; bus bandwidth {bus:g} GB/s per GPU"
     return RangePlan(topo.name, coll.value, len(topo.gpus), cands, picks, ranges, rule, max_loss)
 

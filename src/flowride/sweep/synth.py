@@ -80,12 +80,12 @@ def sweep_sizes_for(topo: Topology, sizes: list[int], chunks: int | str) -> dict
 
 def synthesize_sweep(topo: Topology, collective: Collective | str, sizes: list[int], chunks: int | str = 1,
                      opts: SynthOptions | None = None, progress: Progress | None = None,
-                     warm_start: bool = True) -> list[SweepPoint]:
+                     warm_start: bool = True, nccl: bool = True) -> list[SweepPoint]:
     """Synthesize ``collective`` on ``topo`` at every size (rounded: :func:`sweep_sizes_for`),
     smallest first, each size's search given the previous size's schedule, retimed, as an
     incumbent (``warm_start``). ``opts.time_limit`` holds per size. ``progress`` receives
     ``{"stage": "size", "i", "of", "size", "chunks", "warm"}`` before each size, then that
-    synthesis' own events."""
+    synthesis' own events. ``nccl``: model NCCL's algorithms at each size (the rows' NCCL columns)."""
     coll = collective if isinstance(collective, Collective) else Collective.parse(collective)
     opts = opts or SynthOptions()
     plan = sweep_sizes_for(topo, sizes, chunks)
@@ -96,7 +96,7 @@ def synthesize_sweep(topo: Topology, collective: Collective | str, sizes: list[i
         if progress:
             progress({"stage": "size", "i": i + 1, "of": len(plan), "size": size, "chunks": chunks, "warm": bool(warm)})
         t0 = time.perf_counter()
-        out = synthesize_with(topo, coll, size, chunks, opts, progress, warm=warm)
+        out = synthesize_with(topo, coll, size, chunks, opts, progress, warm=warm, nccl=nccl)
         points.append(SweepPoint(size, asked, out, bool(warm), time.perf_counter() - t0))
         prev = out
     return points
