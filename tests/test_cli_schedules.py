@@ -28,7 +28,7 @@ def test_synth_reductions_verify(tmp_path, capsys, coll):
 def test_reducescatter_on_one_way_links_is_valid(tmp_path, capsys):
     """The TE-CCL NDv2 model links the chassis one way; the AllGather runs on the reversed links."""
     rep = tmp_path / "r.json"
-    assert main(["synth", "-t", "ndv2", "--chassis", "2", "-c", "reducescatter", "-s", "16MB", "--report", str(rep)]) == 0
+    assert main(["synth", "-t", "ndv2", "--chassis", "2", "-c", "reducescatter", "-s", "16MB", "--chunks", "1", "--report", str(rep)]) == 0
     r = json.loads(rep.read_text())
     assert r["verified"] and r["status"] == "optimal"
 

@@ -161,13 +161,13 @@ def test_auto_chunks_reach_near_the_optimum_and_beat_nccl_on_rails():
 
 
 def test_forced_chunks_are_kept():
-    r = synthesize(fabric(FabricSpec("dgx-h100", 2)), "allgather", 10**7, "fast", 4, 20).report()
+    r = synthesize(fabric(FabricSpec("dgx-h100", 2)), "allgather", 10**7, "fast", 4, 10, method="trees").report()
     assert r["chunks"] == 4 and r["chunks_requested"] == 4
 
 
 @pytest.mark.parametrize("args,limit", [
     (["-t", "fabric", "--node", "h800", "--nodes", "2", "-c", "alltoall", "-s", "64MiB"], 20),  # ran 11% over before
-    (["-t", "dgx2", "--chassis", "4", "-c", "allgather", "-s", "1GB", "--chunks", "64", "--method", "trees"], 40),  # 349 s for 120
+    (["-t", "dgx2", "--chassis", "4", "-c", "allgather", "-s", "1GB", "--chunks", "32", "--method", "trees"], 20),  # 64: 349 s for 120
 ])
 def test_time_limit_is_wall_time(tmp_path, args, limit):
     t0 = time.perf_counter()
@@ -181,7 +181,7 @@ def test_time_limit_is_wall_time(tmp_path, args, limit):
 
 def test_progress_ends_on_the_reports_figure():
     seen: list[float] = []
-    out = synthesize(fabric(FabricSpec("dgx-h100", 2)), "allgather", 10**8, "fast", "auto", 20,
+    out = synthesize(fabric(FabricSpec("dgx-h100", 2)), "allgather", 10**8, "fast", "auto", 8,
                      progress=lambda ev: seen.append(ev["best_us"]) if ev.get("best_us") is not None else None)
     fin = out.finish_time_s * 1e6
     assert seen and seen[-1] == pytest.approx(fin)
@@ -210,7 +210,7 @@ def test_cut_latency_bound_by_hand_on_two_rail_nodes():
 
 def test_cli_synth_on_a_fabric_reports_nccl_and_the_chunk_search(tmp_path):
     r = cli("synth", "-t", "fabric", "--node", "dgx-h100", "--nodes", "2", "-c", "allgather", "-s", "16MB",
-            "--time-limit", "15", "--report", tmp_path / "r.json", "-o", tmp_path / "s.json")
+            "--time-limit", "8", "--report", tmp_path / "r.json", "-o", tmp_path / "s.json")
     assert r.code == 0, r.err
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["topology"] == "dgx-h100-2n-rail" and rep["switching"] == "cut-through" and rep["verified"]
@@ -218,7 +218,7 @@ def test_cli_synth_on_a_fabric_reports_nccl_and_the_chunk_search(tmp_path):
     assert "NCCL, modelled" in r.out and "chunks" in r.out
     assert simulate(load_schedule(tmp_path / "s.json")).valid
     sweep = cli("synth", "-t", "fabric", "--node", "dgx-h100", "--nodes", "2", "-c", "allgather", "--sizes", "1MB,16MB",
-                "--time-limit", "5", "--json")
+                "--time-limit", "3", "--json")
     assert sweep.code == 0, sweep.err
     rows = json.loads(sweep.out)
     assert len(rows) == 2 and all(row["nccl_us"] > 0 and row["speedup_vs_nccl"] >= 1.0 for row in rows)

@@ -307,7 +307,7 @@ def test_cli_imports_then_synthesizes(tmp_path):
     assert r.code == 0, r.err
     assert "guessed" in r.out and "written to" in r.out
     assert load_topology(out).name == "nvidia-smi:dgx1-nvidia-smi.txt"
-    r = cli("synth", "-t", out, "-c", "allgather", "-s", "1MB", "--time-limit", "20")
+    r = cli("synth", "-t", out, "-c", "allgather", "-s", "1MB", "--chunks", "1", "--time-limit", "20")
     assert r.code == 0, r.err[-2000:]
     assert "verified: True" in r.out
 

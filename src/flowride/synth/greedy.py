@@ -8,6 +8,7 @@ The result is a feasible schedule, so its epoch count is also an upper bound for
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
@@ -149,6 +150,26 @@ def ring_allgather(topo: Topology, demand: Demand, timing: EpochTiming) -> list[
                 u = order[(pos + step) % n]
                 v = order[(pos + step + 1) % n]
                 gs.transfer(s, c, u, v)
+    return sorted(gs.sends)
+
+
+def doubling_allgather(topo: Topology, demand: Demand, timing: EpochTiming) -> list[Send]:
+    """AllGather by doubling from the farthest distance (Bruck's, as NCCL's PAT orders it): in
+    step j every GPU sends the peer n/2^(j+1) places on all it holds that the peer lacks, so the
+    blocks spread in ceil(log2 n) steps, each on fewest-epoch routes: the latency-bound shape."""
+    gpus = list(topo.gpus)
+    n = len(gpus)
+    gs = GreedyScheduler(topo, timing)
+    have = {r: {r} for r in range(n)}
+    d = 1 << max(0, math.ceil(math.log2(n)) - 1)
+    while d >= 1:
+        moves = [(r, (r + d) % n, sorted(have[r] - have[(r + d) % n])) for r in range(n)]
+        for r, t, blocks in moves:
+            for b in blocks:
+                for c in range(demand.chunks):
+                    gs.transfer(gpus[b], c, gpus[r], gpus[t])
+            have[t] |= set(blocks)
+        d //= 2
     return sorted(gs.sends)
 
 

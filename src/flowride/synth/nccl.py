@@ -38,7 +38,7 @@ from flowride.collectives.demand import Collective, Demand, make_demand
 from flowride.schedule.ir import Schedule
 from flowride.schedule.reduce import allreduce_from_allgather, reduce_scatter_from_allgather
 from flowride.schedule.simulate import simulate
-from flowride.synth.greedy import GreedyScheduler
+from flowride.synth.greedy import GreedyScheduler, doubling_allgather
 from flowride.synth.nccl_tuning import NCCL_TUNING_SOURCE, Estimate, Machine, best_per_algorithm
 from flowride.synth.nccl_view import Routes, hosts, nvls_switch, ring_channels, segments
 from flowride.topology.model import Topology
@@ -134,26 +134,6 @@ def _nvls_schedule(topo: Topology, demand: Demand, timing: EpochTiming, w: int) 
             hops = [(up, 0)] + [(idx[(w, v)], int(timing.hop_delay[up])) for v in topo.gpus if v != g]
             k = gs.book.place(hops, 0)
             gs.sends.extend((k + off, li, g, c) for li, off in hops)
-    return sorted(gs.sends)
-
-
-def _pat_schedule(topo: Topology, demand: Demand, timing: EpochTiming) -> list:
-    gpus = list(topo.gpus)
-    n = len(gpus)
-    gs = GreedyScheduler(topo, timing)
-    have = {r: {r} for r in range(n)}
-    d = 1 << max(0, math.ceil(math.log2(n)) - 1)
-    while d >= 1:
-        moves = []
-        for r in range(n):
-            t = (r + d) % n
-            moves.append((r, t, sorted(have[r] - have[t])))
-        for r, t, blocks in moves:
-            for b in blocks:
-                for c in range(demand.chunks):
-                    gs.transfer(gpus[b], c, gpus[r], gpus[t])
-            have[t] |= set(blocks)
-        d //= 2
     return sorted(gs.sends)
 
 
@@ -340,7 +320,7 @@ def model_nccl(topo: Topology, collective: Collective | str, size_bytes: int, ti
         if coll in (Collective.ALLGATHER, Collective.REDUCESCATTER) and len(hs) > 1 and all(len(h.gpus) == 1 for h in hs) \
                 and affords(2 * n * n):
             c = _fit_budget(max(1, math.ceil(block / PIPE_BYTES)), 1, n * n * 2)
-            out["pat"] = _timed(topo, coll, size_bytes, c, _reduction(coll, _pat_schedule), "pat")
+            out["pat"] = _timed(topo, coll, size_bytes, c, _reduction(coll, doubling_allgather), "pat")
     for name, e in tuning.items():
         if name not in out:  # not expressible in the IR: NCCL's own estimate stands in
             out[name] = Modelled(name, e.time_us, "tuning model", protocol=e.protocol)

@@ -24,7 +24,7 @@ from scipy.sparse.csgraph import dijkstra
 from flowride.schedule.ir import Schedule
 from flowride.schedule.simulate import simulate
 from flowride.synth.forest import forest_sends
-from flowride.synth.greedy import GreedyScheduler
+from flowride.synth.greedy import GreedyScheduler, doubling_allgather
 from flowride.synth.packing import Packing, pack_trees
 from flowride.synth.result import Probe, SearchResult
 from flowride.topology.model import Topology
@@ -198,12 +198,14 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
 # Tree shapes tried by :func:`synthesize_trees`: first the trees packed to the throughput optimum
 # (:mod:`flowride.synth.packing`), scheduled by :mod:`flowride.synth.forest` each transfer once in
 # priority order (quick), then in time order (better where links are contended), then each (shape,
-# spread) pair of :func:`tree_sends`, cheapest first in wall time; together they cover
-# bandwidth-bound and latency-bound (shallow trees) instances.
-TREE_VARIANTS: tuple[tuple[str, float], ...] = (("packed-serial", 0.0), ("packed", 0.0), ("shortest", 0.5), ("cheapest", 2.0),
-                                                ("cheapest", 0.5), ("cheapest", 0.1))
+# spread) pair of :func:`tree_sends` and doubling from the farthest distance
+# (:func:`~flowride.synth.greedy.doubling_allgather`), cheapest first in wall time; together they
+# cover bandwidth-bound and latency-bound (shallow trees, log-step doubling) instances.
+TREE_VARIANTS: tuple[tuple[str, float], ...] = (("packed-serial", 0.0), ("packed", 0.0), ("shortest", 0.5), ("doubling", 0.0),
+                                                ("cheapest", 2.0), ("cheapest", 0.5), ("cheapest", 0.1))
 PACKING_SHARE = 0.5  # of the packed variant's time the packing LP may take before its trees are scheduled
 PACKED_SHARE = 0.7  # of the time limit the packed variant may take (the shapes after it are quick)
+DOUBLING_MAX_DELIVERIES = 200_000  # the doubling shape is for latency-bound sizes; past this it only costs time
 
 
 def packed_sends(topo: Topology, demand, timing, time_limit: float | None = None,
@@ -255,6 +257,10 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
             left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
             sends = packed_sends(topo, demand, timing, None if left is None else left * PACKED_SHARE, shape == "packed-serial")
             if sends is None:  # out of time before the packed schedule was whole: the shapes below are quick
+                continue
+        elif shape == "doubling":  # log2(n) steps of fewest-epoch transfers: few hops for small sizes
+            sends = doubling_allgather(topo, demand, timing) if demand.num_deliveries <= DOUBLING_MAX_DELIVERIES else None
+            if sends is None:
                 continue
         else:
             sends = tree_sends(topo, demand, timing, spread, shape, None if time_limit is None else t0 + time_limit)
