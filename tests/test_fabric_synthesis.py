@@ -160,6 +160,14 @@ def test_auto_chunks_reach_near_the_optimum_and_beat_nccl_on_rails():
     assert r["chunks"] > 1 and len(r["chunk_search"]) >= 3
 
 
+def test_a_slow_one_chunk_search_does_not_end_the_chunk_sweep():
+    # one chunk runs the whole search and uses its share; the sweep used to stop there (1.22x, NCCL's ring won)
+    out = synthesize(fabric(FabricSpec("dgx-h100", 4)), "allgather", 10**9, "fast", "auto", 20, nccl=False)
+    r = out.report()
+    assert [t["chunks"] for t in r["chunk_search"] if t["phase"] == "sweep"][:3] == [1, 2, 4]
+    assert r["chunks"] > 1 and r["ratio_to_lower_bound"] <= 1.05
+
+
 def test_forced_chunks_are_kept():
     r = synthesize(fabric(FabricSpec("dgx-h100", 2)), "allgather", 10**7, "fast", 4, 10, method="trees").report()
     assert r["chunks"] == 4 and r["chunks_requested"] == 4

@@ -87,8 +87,10 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
     for i, c in enumerate(counts):
         if best is not None and clock.out():
             break
-        budget = None if sweep_end is None else max(1e-3, (sweep_end - clock.elapsed()) * STEP_SHARE)
-        if best is not None and budget is not None and last_seconds * GROWTH > budget / STEP_SHARE:
+        # while one chunk is best no search follows the sweep (one chunk had it), so the sweep may take all the time
+        end = sweep_end if best is None or best.demand.chunks > 1 or sweep_end is None else clock.elapsed() + clock.left()
+        budget = None if end is None else max(1e-3, (end - clock.elapsed()) * STEP_SHARE)
+        if i >= 2 and budget is not None and last_seconds * GROWTH > budget / STEP_SHARE:
             break  # the next count would not finish in the sweep's time: doubling chunks costs about this much more
         if progress:
             progress({"stage": "chunks", "chunks": c, "i": i + 1, "of": len(counts),
