@@ -22,7 +22,7 @@ from flowride.api import synthesize
 from flowride.collectives import make_demand
 from flowride.schedule import Schedule, simulate
 from flowride.synth.astar import synthesize_astar
-from flowride.synth.astar_state import NEVER, State
+from flowride.synth.astar_state import NEVER, State, greedy_complete, virtual_links
 from flowride.synth.bounds import epoch_lower_bound
 from flowride.synth.greedy import ring_allgather
 from flowride.topology import Link, Node, Topology, dgx1, dgx2, mesh, ndv2, ring, switch, torus
@@ -222,3 +222,23 @@ def test_larger_torus_reaches_its_lower_bound_well_within_the_target():
     _check(topo, demand, timing, res, sim)
     assert res.T <= 1.5 * res.lower
     assert np.isfinite(res.solver_seconds)
+
+
+def test_greedy_completion_waits_for_a_link_still_carrying_a_chunk():
+    """A link busy with a long transfer that delivers nothing new (so nothing is in flight) is not
+    a dead end: the completion waits for it (it used to give up with an AssertionError, seen on
+    MI250 x 2 at 1 GB, where one chunk holds a link for 8 epochs)."""
+    topo = Topology("pair", (Node(0), Node(1)), (Link(0, 1, 10.0), Link(1, 0, 80.0)))  # fast epochs: 0 -> 1 takes 8
+    demand = make_demand(topo, "allgather", 10**9)
+    timing = epoch_timing(topo, demand.chunk_bytes, "fast")
+    stt = State(topo, demand, timing)
+    l01 = topo.link_index[(0, 1)]
+    b = int(stt.beta[l01])
+    assert b >= 1
+    busy = list(range(0, 6 * (b + int(stt.delay.max()) + 2), b + 1))  # the link is never free before the last of these ends
+    stt.ensure(busy[-1] + 1)
+    stt.used[l01, busy] = 1
+    greedy_complete(stt, virtual_links(topo, stt), 0)
+    assert not stt.missing().any()
+    q0 = next(i for i, q in enumerate(demand.commodities) if q.source == 0)
+    assert stt.hold[q0, 1] > busy[-1] + b

@@ -243,7 +243,7 @@ def greedy_epochs(st: State, vlinks, k0: int, k1: int | None = None) -> int:
             holders[pick] += 1
             added += len(links)
         idle = idle + 1 if added == before else 0
-        if k1 is None and idle > slack and not in_flight_after(st, k):
+        if k1 is None and idle > slack and not in_flight_after(st, k) and not links_busy_after(st, k):
             raise AssertionError("greedy completion makes no progress")
         k += 1
     return added
@@ -257,3 +257,12 @@ def greedy_complete(st: State, vlinks, k0: int = 0) -> int:
 def in_flight_after(st: State, t0: int) -> bool:
     h = st.hold[st.hold < NEVER]
     return bool((h >= t0).any())
+
+
+def links_busy_after(st: State, t0: int) -> bool:
+    """Some link is still carrying a chunk in epoch t0 or later (a send in epoch e holds its link
+    through e + beta): until then a transfer may be waiting for room, not stuck."""
+    lo = max(0, t0 - int(st.beta.max(initial=0)))
+    st.ensure(t0 + 1)
+    links, epochs = np.nonzero(st.used[:, lo:])
+    return bool((epochs + lo + st.beta[links] >= t0).any())
