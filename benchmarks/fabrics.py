@@ -77,6 +77,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _keep(rows: list[dict], path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma list of instances: " + ", ".join(INSTANCES))
@@ -92,6 +98,7 @@ def main() -> int:
         for coll in ("allgather", "alltoall"):
             rows.append(run(topo.name, topo, coll, "1GB", a.time_limit))
             print(table(rows[-1:]), flush=True)
+            _keep(rows, a.json)
     else:
         names = a.only.split(",") if a.only else list(INSTANCES)
         cases = [(c, s) for c in ("allgather",) for s in SWEEP] if a.nccl_sweep else \
@@ -101,11 +108,9 @@ def main() -> int:
             for coll, size in cases:
                 rows.append(run(name, topo, coll, size, a.time_limit))
                 print(table(rows[-1:]).splitlines()[-1], flush=True)
+                _keep(rows, a.json)  # each row as it comes: a crash later loses nothing measured
     print()
     print(table(rows))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
     print(f"\n{len(rows)} syntheses; sizes decimal ({format_size(10**9)} = 1e9 bytes); times modelled by the epoch simulator",
           file=sys.stderr)
     return 0
