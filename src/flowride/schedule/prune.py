@@ -1,4 +1,5 @@
-"""Drop sends that serve no demand (a feasibility probe may return redundant copies).
+"""Drop sends that serve no demand (a feasibility probe may return redundant copies, and a flow
+model may return a chunk circling between cut-through switches within one epoch).
 
 Walks back from each demand: keep the send that first delivered the chunk to its destination,
 then whatever supplied that send's sender (its own first delivery, or for a switch the arrival it
@@ -10,11 +11,52 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from flowride.schedule.ir import Schedule
+import networkx as nx
+
+from flowride.schedule.ir import Schedule, Send
 from flowride.schedule.simulate import simulate
 
 
+def drop_switch_cycles(schedule: Schedule) -> Schedule:
+    """Remove chunks that circle among switches that cannot copy, within one epoch.
+
+    With cut-through switching a hop between switches can take no epoch, so a flow model's
+    per-epoch conservation (out of a switch no more than in) admits a cycle A -> B -> A of one
+    chunk in one epoch. It carries nothing, yet the replay, which hands each arrival to the first
+    send out that can take it, may give A's arrival to A's other send first, and the cycle then
+    starves. Each such cycle is dropped whole: every switch on it loses one arrival and one send,
+    so what it forwards still matches what reaches it, and the rest is acyclic, which the replay
+    orders. (Cycles through a switch that copies are left alone: one arrival may feed its copies.)
+    """
+    topo, timing = schedule.topology, schedule.timing
+    nodes, links = topo.nodes, topo.links
+    groups: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+    for i, s in enumerate(schedule.sends):
+        a, b = nodes[links[s.link].src], nodes[links[s.link].dst]
+        if not a.is_gpu and not b.is_gpu and not a.copy and not b.copy and timing.arrival(s.link, s.epoch) == s.epoch:
+            groups[(s.source, s.chunk, s.epoch)].append(i)
+    drop: set[int] = set()
+    for idx in groups.values():
+        if len(idx) < 2:
+            continue
+        g = nx.MultiDiGraph()
+        g.add_edges_from((links[schedule.sends[i].link].src, links[schedule.sends[i].link].dst, i) for i in idx)
+        while True:
+            try:
+                cycle = nx.find_cycle(g)
+            except nx.NetworkXNoCycle:
+                break
+            for u, v, i in cycle:
+                g.remove_edge(u, v, i)
+                drop.add(i)
+    if not drop:
+        return schedule
+    kept: list[Send] = [s for i, s in enumerate(schedule.sends) if i not in drop]
+    return Schedule(schedule.topology, schedule.collective, schedule.size_bytes, schedule.chunks, schedule.tau, kept, dict(schedule.meta))
+
+
 def prune_redundant(schedule: Schedule) -> Schedule:
+    schedule = drop_switch_cycles(schedule)
     sim = simulate(schedule)
     if not sim.valid:
         return schedule

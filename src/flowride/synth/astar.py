@@ -65,6 +65,7 @@ import numpy as np
 
 from flowride.collectives.demand import Collective, Demand
 from flowride.schedule.ir import Schedule
+from flowride.schedule.prune import drop_switch_cycles
 from flowride.schedule.simulate import simulate
 from flowride.synth.astar_state import (
     Context,
@@ -183,7 +184,9 @@ def synthesize_astar(
         if not done:
             continue  # could not beat the best, or ran out of time after the first try
         sends = sorted((k, li, int(st.src[q]), demand.commodities[q].chunk) for k, li, q in st.sends)
-        sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, sends, {"method": "astar"}))
+        sched = drop_switch_cycles(Schedule.from_tuples(topo, demand, timing.tau, sends, {"method": "astar"}))
+        sends = [(x.epoch, x.link, x.source, x.chunk) for x in sched.sends]
+        sim = simulate(sched)
         if not sim.valid:
             raise AssertionError(f"stitched schedule failed verification: {sim.first_violation}")
         if best is None or int(sim.epochs) < best[0]:
