@@ -171,9 +171,10 @@ def _incumbents(inst: _Instance, opts: SynthOptions, clock: Clock, progress: Pro
         from flowride.synth.astar import synthesize_astar
 
         win = synthesize_astar(inst.topo, demand, inst.timing, time_limit=None if opts.time_limit is None else clock.left() / 2,
-                               progress=progress, D=inst.D)
+                               progress=progress, D=inst.D, must_finish=False)
         best.probes += win.probes
-        best.offer(win.sends, "astar", win.T)
+        if win.sends is not None:
+            best.offer(win.sends, "astar", win.T)
     return best
 
 
@@ -239,9 +240,10 @@ def _search(inst: _Instance, opts: SynthOptions, clock: Clock, progress: Progres
     else:  # astar
         from flowride.synth.astar import synthesize_astar
 
-        search = synthesize_astar(inst.topo, demand, inst.timing, time_limit=clock.left(), progress=progress, D=inst.D)
-        search.lower = max(search.lower, min(lo, search.T))
-        if search.T > hi:  # the windows did worse than the trees: keep the trees
+        search = synthesize_astar(inst.topo, demand, inst.timing, time_limit=clock.left(), progress=progress, D=inst.D,
+                                  must_finish=False)  # the incumbent stands in where the windows cannot finish in time
+        search.lower = max(search.lower, min(lo, search.T)) if search.sends is not None else min(lo, hi)
+        if search.sends is None or search.T > hi:  # the windows did worse than the trees (or not in time): keep the trees
             used, search.sends, search.T = best.name, best.sends, hi
     if best.ladder and chosen == "lp":  # the LP route may schedule another demand (pieces): compare epochs
         r = min(best.ladder, key=lambda r: r.epochs)

@@ -69,6 +69,7 @@ from flowride.schedule.prune import drop_switch_cycles
 from flowride.schedule.simulate import simulate
 from flowride.synth.astar_state import (
     Context,
+    OutOfTime,
     State,
     greedy_complete,
     greedy_epochs,
@@ -140,6 +141,7 @@ def synthesize_astar(
     mip_gap: float = 0.01,
     fill: bool = True,
     tries: int | None = None,
+    must_finish: bool = True,
 ) -> SearchResult:
     """Stitched window-by-window AllGather schedule (see the module notes).
 
@@ -150,8 +152,9 @@ def synthesize_astar(
     many configurations of :func:`default_tries` to run at most (each stops early once it cannot
     beat the best so far; all stop once one reaches the epoch lower bound); ``time_limit``:
     seconds for everything: a first try still running is finished by a greedy completion, later
-    tries are dropped (``timed_out`` says the limit cut anything short); ``window_seconds``: cap
-    on one window's solve.
+    tries are dropped (``timed_out`` says the limit cut anything short); ``must_finish=False``
+    (the caller holds another schedule): nothing runs past the limit, not even that completion,
+    and ``sends`` is None when no try finished; ``window_seconds``: cap on one window's solve.
 
     Returns a :class:`SearchResult`: ``sends`` (epoch, link, source GPU, chunk) of the best
     stitched schedule, ``T`` its epochs (replayed and verified by the simulator), ``lower`` the
@@ -179,7 +182,8 @@ def synthesize_astar(
         if i > 0 and deadline is not None and time.perf_counter() >= deadline:
             res.timed_out = True  # tries left untried
             break
-        st, timed_out, done = _run_windows(run, cfg, i, bail=None if best is None else best[0], complete=best is None)
+        st, timed_out, done = _run_windows(run, cfg, i, bail=None if best is None else best[0],
+                                           complete=best is None and must_finish)
         res.timed_out = res.timed_out or timed_out
         if not done:
             continue  # could not beat the best, or ran out of time after the first try
@@ -193,7 +197,9 @@ def synthesize_astar(
             best = (int(sim.epochs), sends)
         if best[0] <= lower:
             break
-    assert best is not None
+    if best is None:  # only without must_finish: out of time before any try finished
+        res.timed_out = True
+        return res
     res.T, res.sends = best
     return res
 
@@ -274,7 +280,10 @@ def _run_windows(run: _Run, cfg: Try, try_i: int, bail: int | None, complete: bo
         if stalled >= 3 and not in_flight_after(st, t0):
             break  # nothing more the windows can do: the greedy completion takes over
     if st.missing().any():
-        greedy_complete(st, vlinks, 0)
+        try:
+            greedy_complete(st, vlinks, 0, None if complete else deadline)
+        except OutOfTime:
+            return st, True, False
         res.probes.append(Probe(t0, "greedy", 0.0, 0, 0))
     return st, timed_out, True
 

@@ -9,6 +9,7 @@ spare room after each window and completes the schedule when time runs out.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -205,11 +206,16 @@ def virtual_links(topo: Topology, st: State) -> list[tuple[int, int, tuple[int, 
     return vl
 
 
-def greedy_epochs(st: State, vlinks, k0: int, k1: int | None = None) -> int:
+class OutOfTime(Exception):
+    """The greedy completion passed its deadline (only where a schedule is not required of it)."""
+
+
+def greedy_epochs(st: State, vlinks, k0: int, k1: int | None = None, deadline: float | None = None) -> int:
     """Rarest-first list scheduling, epoch by epoch from ``k0`` (to ``k1`` exclusive, or until
     every demand is held or in flight): every transfer with room in that epoch hands its head the
     chunk it lacks, holds no copy of in flight, that the tail holds and that the fewest GPUs have.
-    Returns sends added."""
+    Returns sends added; raises :class:`OutOfTime` once ``time.perf_counter()`` passes ``deadline``
+    (on a thousand GPUs a completion takes minutes)."""
     if not vlinks:
         return 0
     tails = np.array([v[0] for v in vlinks], dtype=np.int64)
@@ -219,6 +225,8 @@ def greedy_epochs(st: State, vlinks, k0: int, k1: int | None = None) -> int:
     idle = 0
     slack = int(st.delay.max()) + int(st.beta.max()) + 2 if len(st.delay) else 2
     while k1 is None or k < k1:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise OutOfTime
         miss = st.missing()
         if not miss.any():
             break
@@ -249,9 +257,10 @@ def greedy_epochs(st: State, vlinks, k0: int, k1: int | None = None) -> int:
     return added
 
 
-def greedy_complete(st: State, vlinks, k0: int = 0) -> int:
-    """Finish the schedule: :func:`greedy_epochs` from ``k0`` until every demand is met."""
-    return greedy_epochs(st, vlinks, k0, None)
+def greedy_complete(st: State, vlinks, k0: int = 0, deadline: float | None = None) -> int:
+    """Finish the schedule: :func:`greedy_epochs` from ``k0`` until every demand is met (or the
+    deadline passes: :class:`OutOfTime`)."""
+    return greedy_epochs(st, vlinks, k0, None, deadline)
 
 
 def in_flight_after(st: State, t0: int) -> bool:
