@@ -5,6 +5,8 @@ carries the ``nccl`` entry."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from flowride.api import synthesize
@@ -14,7 +16,7 @@ from flowride.schedule.simulate import simulate
 from flowride.synth.nccl import _ring_schedule, model_nccl, ring_epochs_estimate
 from flowride.synth.nccl_tuning import Machine, best_per_algorithm, nccl_protocol
 from flowride.synth.nccl_view import hosts, nvls_switch, ring_channels, single_host_rings
-from flowride.topology.builtins import dgx1, dgx2, h100, ring, switch
+from flowride.topology.builtins import dgx1, dgx2, h100, mi250, ring, switch
 from flowride.topology.fabrics import FabricSpec, fabric
 from flowride.topology.group import select_group
 from flowride.topology.timing import epoch_timing
@@ -98,6 +100,23 @@ def test_channels_cross_hosts_on_their_own_rails():
                 assert label[via].endswith(f".g{k}")
     shared = ring_channels(fabric(FabricSpec("a800", 2, nic_share=2)))
     assert len(shared) == 4 and all(via is None for order in shared for _, via in order)  # leave by the NIC's other GPU
+
+
+def test_rings_through_a_mesh_host_follow_its_direct_links_and_spread_over_them():
+    """MI250: inside a host the GCDs meet on xGMI, not a switch. Each channel's part of the ring
+    runs on direct links from the GCD its NIC delivers to, to the one that sends through it, and
+    the channels spread over the mesh, so the ring is NIC-bound as NCCL's closed form says (it
+    once routed GCD to GCD through the NICs, at 9x the closed form)."""
+    topo = mi250(2)
+    direct = {(lk.src, lk.dst) for lk in topo.links if topo.nodes[lk.src].is_gpu and topo.nodes[lk.dst].is_gpu}
+    for order in ring_channels(topo):
+        gpus = [g for g, _ in order]
+        assert sorted(gpus) == list(topo.gpus)
+        for h in range(2):
+            part = [g for g in gpus if topo.nodes[g].group == h]
+            assert all((a, b) in direct for a, b in itertools.pairwise(part))
+    r = model_nccl(topo, Collective.ALLGATHER, 10**9, 60).report()
+    assert r["algorithms"]["ring"] <= 1.1 * r["tuning"]["algorithms"]["ring"]
 
 
 def test_hosts_and_nics_as_nccl_sees_them():

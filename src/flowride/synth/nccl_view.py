@@ -4,6 +4,7 @@ this view are in :mod:`flowride.synth.nccl`."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -128,19 +129,31 @@ def ring_channels(topo: Topology) -> list[list[tuple[int, int | None]]]:
     hs = hosts(topo)
     k = len(hs[0].nics)
     if len(hs) > 1 and k and all(len(h.nics) == k and len(h.gpus) == len(hs[0].gpus) for h in hs):
-        chans = []
-        for c in range(k):
-            order: list[tuple[int, int | None]] = []
-            for h in hs:
-                nic = h.nics[c]
+        direct = {(lk.src, lk.dst): lk.bandwidth_GBps for lk in topo.links if topo.nodes[lk.src].is_gpu and topo.nodes[lk.dst].is_gpu}
+        hub = _copy_switch_pairs(topo)
+        parts: list[list[list[int]]] = []  # per host, per channel: its GPUs in ring order
+        for h in hs:
+            rings = []
+            for nic in h.nics:
                 entry = nic.into[0]
-                local = h.gpus
-                i = local.index(entry)
-                ring = [local[(i - j) % len(local)] for j in range(len(local))]  # entry, entry-1, ... entry+1
+                i = h.gpus.index(entry)
+                ring = [h.gpus[(i - j) % len(h.gpus)] for j in range(len(h.gpus))]  # entry, entry-1, ... entry+1
                 leave = next((g for g in nic.out if g != entry), None)
                 if leave is not None:  # leave by a GPU the NIC serves: no relay
                     ring.remove(leave)
                     ring.append(leave)
+                rings.append(ring)
+            if not all((a, b) in direct or (a, b) in hub for r in rings for a, b in itertools.pairwise(r)):
+                # a mesh of direct links (xGMI): the host's part of each ring follows them, as
+                # NCCL's (RCCL's) search does, from the GPU it enters by to the one it leaves by
+                inside = {ab: bw for ab, bw in direct.items() if ab[0] in h.gpus and ab[1] in h.gpus}
+                rings = _mesh_paths(h.gpus, inside, [(r[0], r[-1]) for r in rings]) or rings
+            parts.append(rings)
+        chans = []
+        for c in range(k):
+            order: list[tuple[int, int | None]] = []
+            for h, rings in zip(hs, parts, strict=True):
+                nic, ring = h.nics[c], rings[c]
                 exit_ = ring[-1]
                 for g in ring[:-1]:
                     order.append((g, None))
@@ -179,12 +192,51 @@ def single_host_rings(topo: Topology, most: int = 8) -> list[list[int]]:
     return rings or [first]
 
 
-def _hamilton(gpus: list[int], bw: dict[tuple[int, int], float], budget: int = 20_000) -> list[int] | None:
-    """A directed cycle through every GPU on the links of ``bw``, widest links tried first."""
+def _mesh_paths(gpus: list[int], bw: dict[tuple[int, int], float], ends: list[tuple[int, int]],
+                tries: int = 12) -> list[list[int]] | None:
+    """One path through every GPU of a host per channel, from its entry to its exit, on direct
+    links that the channels share: each channel prefers the links the earlier ones left widest;
+    a few seeded reorderings are tried and the one whose busiest link carries least (channels
+    over bandwidth) is kept. None where some channel has no such path."""
+    rng = np.random.default_rng(0)
+    best, best_peak = None, float("inf")
+    for t in range(tries):
+        load = dict.fromkeys(bw, 0)
+        paths = []
+        for a, b in ends:
+            noise = {ab: 1.0 if t == 0 else float(rng.uniform(0.7, 1.4)) for ab in bw}
+            path = _hamilton(gpus, {ab: w * noise[ab] / (1 + load[ab]) for ab, w in bw.items()}, start=a, end=b)
+            if path is None:
+                return None
+            for ab in itertools.pairwise(path):
+                load[ab] += 1
+            paths.append(path)
+        peak = max(n / bw[ab] for ab, n in load.items())
+        if peak < best_peak:
+            best, best_peak = paths, peak
+    return best
+
+
+def _copy_switch_pairs(topo: Topology) -> set[tuple[int, int]]:
+    """GPU pairs joined through one copying switch (an NVSwitch): any order of them is a ring."""
+    nodes = topo.nodes
+    pairs: set[tuple[int, int]] = set()
+    for w in topo.switches:
+        if nodes[w].copy:
+            ins = [lk.src for lk in topo.links if lk.dst == w and nodes[lk.src].is_gpu]
+            outs = [lk.dst for lk in topo.links if lk.src == w and nodes[lk.dst].is_gpu]
+            pairs.update((a, b) for a in ins for b in outs if a != b)
+    return pairs
+
+
+def _hamilton(gpus: list[int], bw: dict[tuple[int, int], float], budget: int = 20_000,
+              start: int | None = None, end: int | None = None) -> list[int] | None:
+    """A directed cycle through every GPU on the links of ``bw``, widest links tried first; with
+    ``end``, a path from ``start`` to ``end`` instead."""
     adj: dict[int, list[int]] = {g: [] for g in gpus}
     for (a, b), _ in sorted(bw.items(), key=lambda kv: -kv[1]):
         adj[a].append(b)
-    start = gpus[0]
+    start = gpus[0] if start is None else start
     path, used = [start], {start}
     steps = 0
 
@@ -194,8 +246,10 @@ def _hamilton(gpus: list[int], bw: dict[tuple[int, int], float], budget: int = 2
         if steps > budget:
             return False
         if len(path) == len(gpus):
-            return start in adj[path[-1]]
+            return path[-1] == end if end is not None else start in adj[path[-1]]
         for v in adj[path[-1]]:
+            if v == end and len(path) < len(gpus) - 1:
+                continue
             if v not in used:
                 used.add(v)
                 path.append(v)
