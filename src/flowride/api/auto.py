@@ -115,7 +115,8 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
         if _at_bound(best) or stall >= STALLS or len(out.schedule.sends) * 2 > SEND_BUDGET:
             break
     assert best is not None
-    searched_one = best.demand.chunks == 1  # the first count already had the whole search
+    # one chunk had the whole search already, unless its share of the time cut it short
+    searched_one = best.demand.chunks == 1 and not best.search.timed_out
     if fast != opts.method and not searched_one and not _at_bound(best) and not clock.out():
         # the requested method's whole search at the best count, from the best schedule
         c = best.demand.chunks
