@@ -17,10 +17,13 @@ from clirun import cli
 from flowride.api import synthesize
 from flowride.collectives.demand import Collective, make_demand
 from flowride.schedule.ir import Schedule, load_schedule
+from flowride.schedule.prune import drop_switch_cycles
 from flowride.schedule.simulate import simulate
 from flowride.synth.bounds import cut_latency_bound, forest_bound, lower_bounds
 from flowride.synth.forest import forest_sends
+from flowride.synth.greedy import doubling_allgather
 from flowride.synth.packing import min_arborescence, pack_trees
+from flowride.synth.trees import synthesize_trees
 from flowride.topology.builtins import dgx1, dgx2, ring, switch
 from flowride.topology.fabrics import FabricSpec, fabric
 from flowride.topology.model import Link, Node, Topology
@@ -127,6 +130,20 @@ def test_a_path_through_cut_through_switches_pays_its_transfer_once():
     assert sim_sf.valid and sim_sf.holds[(0, 0, 1)] == 3 * 5 - 1  # each hop pays its own 1 + b (the last its a + b)
     bad = simulate(Schedule.from_tuples(topo, demand, tau, [(0, 0, 0, 0), (1, 1, 0, 0), (2, 2, 0, 0), (0, 3, 1, 0)]))
     assert not bad.valid and "does not arrive in epoch 2" in bad.first_violation
+
+
+def test_tree_shapes_on_a_clos_verify():
+    """The doubling's routes on a Clos meet head to tail between a leaf and a spine in one epoch
+    (cut-through: no epoch per hop), a cycle that carries nothing; it is dropped and every shape
+    verifies (it stopped A800 x 4 on a Clos with an AssertionError)."""
+    topo = fabric(FabricSpec("a800", 4, "clos", nic_share=2))
+    demand = make_demand(topo, "allgather", 10**9)
+    timing = epoch_timing(topo, demand.chunk_bytes, "fast")
+    raw = Schedule.from_tuples(topo, demand, timing.tau, doubling_allgather(topo, demand, timing))
+    fixed = drop_switch_cycles(raw)
+    assert simulate(fixed).valid and len(fixed.sends) <= len(raw.sends)
+    res = synthesize_trees(topo, demand, timing, time_limit=10)
+    assert simulate(Schedule.from_tuples(topo, demand, timing.tau, res.sends)).valid
 
 
 def test_schedules_written_before_cut_through_still_verify(tmp_path):

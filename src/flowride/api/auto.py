@@ -30,6 +30,7 @@ from flowride.api.outcome import SynthOutcome
 from flowride.api.reduction import synthesize_reduction
 from flowride.api.single import synthesize_one
 from flowride.collectives.demand import Collective, make_demand
+from flowride.errors import InputError
 from flowride.schedule.ir import Schedule
 from flowride.schedule.simulate import simulate
 from flowride.sizes import MAX_CHUNKS
@@ -101,7 +102,14 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
             progress({"stage": "chunks", "chunks": c, "i": i + 1, "of": len(counts),
                       "best_us": best.finish_time_s * 1e6 if best else None})
         same = tuple(w for w in warm if w.chunks == c)
-        out = one(c, opts.method if i == 0 else fast, budget, same)  # one chunk: the classic search, as --chunks 1 runs it
+        try:
+            out = one(c, opts.method if i == 0 else fast, budget, same)  # one chunk: the classic search, as --chunks 1 runs it
+        except InputError as e:
+            # the first count must give a schedule: where its share is too short for the baseline
+            # alone (checked against the whole limit before), it takes all the time left
+            if i > 0 or e.field != "time_limit" or budget is None or clock.left() <= budget:
+                raise
+            out = one(c, opts.method, clock.left(), same)
         last_seconds = out.wall_seconds
         tried.append(_row(out, "sweep"))
         if best is None or out.finish_time_s < best.finish_time_s:

@@ -117,9 +117,10 @@ def check_work(topo: Topology, demand: Demand, timing, time_limit: float | None)
         longest = float(timing.tau) * b / MAX_BETA_EPOCHS
         raise InputError("epoch", f"{timing.tau:.3g} s makes one chunk span {b:,} epochs (at most {MAX_BETA_EPOCHS:,})",
                          f"use --epoch fast or slow, or an epoch of at least {longest:.3g} s")
-    hops = 1.0 if demand.collective.multicast else max(1.0, math.sqrt(len(topo.gpus)) / 2)  # direct routes cross hops
-    if topo.switches:
-        hops *= 2  # a transfer through a switch is two sends
+    if demand.collective.multicast:
+        hops = 2.0 if topo.switches else 1.0  # a tree edge; through a switch, two sends
+    else:
+        hops = _mean_hops(topo)  # a direct route is a send per link it crosses
     sends = demand.num_deliveries * hops
     est = sends * SECONDS_PER_SEND
     if time_limit is None and demand.num_deliveries > UNTIMED_MAX_DELIVERIES:
@@ -131,3 +132,19 @@ def check_work(topo: Topology, demand: Demand, timing, time_limit: float | None)
         raise InputError("time_limit", f"{demand.num_deliveries:,} deliveries ({demand.chunks:,} chunks per block): even the "
                          f"baseline schedule takes about {est:.0f} s to build and verify here, over {time_limit:g} s",
                          f"give --time-limit {math.ceil(est * 2)} or more, or fewer --chunks")
+
+
+def _mean_hops(topo: Topology, samples: int = 8) -> float:
+    """Links on a fewest-hop route from a GPU to another, averaged over up to ``samples`` GPUs
+    spread over the topology (breadth-first; milliseconds on a thousand GPUs)."""
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import shortest_path
+
+    gpus = np.asarray(topo.gpus)
+    src, dst = topo.link_ends
+    n = topo.num_nodes
+    graph = sp.csr_matrix((np.ones(len(src)), (src, dst)), shape=(n, n))
+    picks = gpus[np.linspace(0, len(gpus) - 1, min(samples, len(gpus))).astype(int)]
+    d = shortest_path(graph, unweighted=True, indices=picks)[:, gpus]
+    ok = np.isfinite(d) & (d > 0)
+    return float(d[ok].mean()) if ok.any() else 1.0

@@ -22,6 +22,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra
 
 from flowride.schedule.ir import Schedule
+from flowride.schedule.prune import drop_switch_cycles
 from flowride.schedule.simulate import simulate
 from flowride.synth.forest import forest_sends
 from flowride.synth.greedy import GreedyScheduler, doubling_allgather
@@ -267,7 +268,9 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
             if sends is None:  # out of time
                 timed_out = True
                 break
-        sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, sends))
+        sched = drop_switch_cycles(Schedule.from_tuples(topo, demand, timing.tau, sends))  # routes may meet head to tail
+        sends = [(x.epoch, x.link, x.source, x.chunk) for x in sched.sends]
+        sim = simulate(sched)
         if not sim.valid:  # the construction obeys the model's rules; this guards it
             raise AssertionError(f"tree schedule ({shape}, {spread}) failed verification: {sim.first_violation}")
         probes.append(Probe(int(sim.epochs), f"trees {shape}/{spread}", time.perf_counter() - ps, len(sends), 0))
