@@ -244,3 +244,16 @@ def test_lp_horizon_is_below_the_milp_optimum(topo, epoch):
     assert res.T * timing.tau <= out.sim.finish_time_s * (1 + 1e-9)
     if out.status == "optimal":
         assert res.T <= out.sim.epochs
+
+
+def test_an_lp_over_the_memory_limit_leaves_auto_with_the_direct_alltoall():
+    """--method lp refuses an LP over the memory limit in one line; the default (auto) keeps the
+    direct AlltoAll instead of failing (1024 GPUs: the static LP needs 16 GiB, and the whole
+    synthesis used to end in that refusal)."""
+    from flowride.errors import InputError
+    from flowride.topology.builtins import dgx2
+
+    with pytest.raises(InputError, match="memory limit"):
+        synthesize(dgx2(4), "alltoall", 16_000, "fast", 1, 20, method="lp", memory_limit=2**20, nccl=False)
+    out = synthesize(dgx2(4), "alltoall", 16_000, "fast", 1, 20, memory_limit=2**20, nccl=False)
+    assert out.sim.valid and "direct" in out.report()["method"]

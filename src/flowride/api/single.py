@@ -233,10 +233,20 @@ def _search(inst: _Instance, opts: SynthOptions, clock: Clock, progress: Progres
         from flowride.synth.lp_search import synthesize_lp
 
         direct = (inst.base, int(inst.base_sim.epochs)) if inst.base_name == "direct" else None
-        demand, search = synthesize_lp(inst.topo, demand, inst.timing, clock.left(), progress, inst.D, memory_limit=opts.memory_limit,
-                                       objective=opts.objective, baseline=direct)
-        search.lower = max(search.lower, min(lo, search.T))
-        used = search.method  # "direct" where the direct AlltoAll was not beaten
+        try:
+            demand, search = synthesize_lp(inst.topo, demand, inst.timing, clock.left(), progress, inst.D,
+                                           memory_limit=opts.memory_limit, objective=opts.objective, baseline=direct)
+            search.lower = max(search.lower, min(lo, search.T))
+            used = search.method  # "direct" where the direct AlltoAll was not beaten
+        except InputError as e:
+            if opts.method != "auto" or e.field != "method":
+                raise  # the LP asked for by name: its refusal is the answer
+            # auto: an LP over the memory limit leaves the incumbent (the direct AlltoAll), said in progress
+            if progress:
+                progress({"stage": "method", "method": "incumbent", "lo": lo, "hi": hi, "columns": None, "note": str(e)})
+            used = best.name
+            search = SearchResult(best.sends, hi, min(lo, hi), best.timed_out or clock.out(), best.probes,
+                                  solver_seconds=clock.elapsed())
     else:  # astar
         from flowride.synth.astar import synthesize_astar
 
