@@ -257,7 +257,7 @@ def test_auto_picks_by_size_and_collective():
 ])
 def test_cli_methods_write_verified_reports(tmp_path, capsys, args, method):
     rep = tmp_path / "r.json"
-    assert main(["synth", *args, "-s", "1MB", "--report", str(rep)]) == 0
+    assert main(["synth", *args, "-s", "1MB", "--chunks", "1", "--report", str(rep)]) == 0  # methods, not chunk counts
     r = json.loads(rep.read_text())
     assert r["verified"] and r["method"] in method
     assert "method" in capsys.readouterr().out
