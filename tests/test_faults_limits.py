@@ -36,6 +36,9 @@ def test_a_10000_node_topology_is_refused_quickly(tmp_path):
     (["schedule-show", "1f1b", "--stages", "2000", "--microbatches", "2000"], "--stages"),
     (["schedule-show", "1f1b", "--stages", "64", "--microbatches", "2000"], "--microbatches"),
     (["synth", "-t", "torus", "--rows", "8", "--cols", "8", "-s", "1GB", "--chunks", "1000"], "--time-limit"),
+    # a factor just above 1: each step rounds to the same size, and the loop used to run for hours
+    (["synth", "-t", "ring", "-b", "8", "-e", "1G", "-f", "1.0000000001"], "-b/--minbytes .. -e/--maxbytes"),
+    (["synth", "-t", "ring", "--sizes", "8:1G:x1.0000000001"], "--sizes"),
 ])
 def test_huge_requests_are_refused_in_seconds(args, needle):
     line = assert_clean_error(cli(*args), 2, needle, within=20)

@@ -449,3 +449,15 @@ def test_sweep_table_both_forms():
     Console(file=buf, width=200, force_terminal=True, color_system=None).print(t.rich())
     out = buf.getvalue()
     assert "t [x]" in out and "123456789" in out and "#wrong" in out and "ours" in out
+
+
+@pytest.mark.parametrize(("call", "needle"), [
+    (lambda: sweep_sizes("8", "1G", "inf"), "inf is not a finite number"),
+    (lambda: parse_size_list("8:1G:xnan"), "nan is not a finite number"),
+    (lambda: sweep_sizes("8", "1G", "1.0000000001"), "187,149,723,276 steps"),
+    (lambda: parse_size_list("8:1G:x1.0000000001"), "over the limit"),
+])
+def test_sweep_ranges_that_cannot_end_are_refused_before_the_loop(call, needle):
+    with pytest.raises(InputError, match=needle):
+        call()
+    assert sweep_sizes("8", "9", "1.001") == [8, 9]  # a factor near 1 over a short range still works

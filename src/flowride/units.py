@@ -68,8 +68,18 @@ def parse_sweep_size(text: str | int, field: str) -> int:
     return parse_size(text, field)
 
 
-def _step_sizes(lo: int, hi: int, factor: float | None, step: int | None) -> list[int]:
-    """lo, then times ``factor`` (or plus ``step``) while at most hi: nccl-tests' loop."""
+MAX_SWEEP_STEPS = 64 * MAX_SWEEP_SIZES  # steps of the loop below (a factor near 1 rounds many to one size)
+
+
+def _step_sizes(lo: int, hi: int, factor: float | None, step: int | None, field: str, fix: str) -> list[int]:
+    """lo, then times ``factor`` (or plus ``step``) while at most hi: nccl-tests' loop. The steps
+    are counted first: a factor of 1.0000000001 would otherwise loop for hours."""
+    if factor:
+        steps = math.floor(math.log(hi / lo) / math.log(factor)) + 1 if lo > 0 else MAX_SWEEP_STEPS + 1
+    else:
+        steps = (hi - lo) // step + 1 if step and step > 0 else MAX_SWEEP_STEPS + 1
+    if steps > MAX_SWEEP_STEPS:
+        raise InputError(field, f"takes {steps:,} steps from {lo:,} B to {hi:,} B, over the limit of {MAX_SWEEP_STEPS:,}", fix)
     out: list[int] = []
     x: float = lo
     while x <= hi and len(out) <= MAX_SWEEP_SIZES:
@@ -120,15 +130,16 @@ def sweep_sizes(minbytes: str | None = None, maxbytes: str | None = None, stepfa
             if factor == 1 and stepbytes is not None:
                 factor = None  # nccl-tests: -f 1 means "step by -i"
             else:
-                raise InputError(f, f"{stepfactor} is not above 1", "give a factor above 1, e.g. -f 2, or an additive step -i 1M")
+                what = "is not a finite number" if not math.isfinite(factor) else "is not above 1"
+                raise InputError(f, f"{stepfactor} {what}", "give a factor above 1, e.g. -f 2, or an additive step -i 1M")
     if stepbytes is not None:
         if factor is not None:
             raise InputError(i, "is given together with -f", "give one step: -f (times) or -i (plus bytes)")
         step = parse_sweep_size(stepbytes, i)
     if factor is None and step is None:
         factor = 2.0
-    return _checked(_step_sizes(lo, hi, factor, step), f"{b} .. {e}",
-                    f"use a larger -f or -i, or a narrower -b .. -e (at most {MAX_SWEEP_SIZES} sizes)")
+    where, fix = f"{b} .. {e}", f"use a larger -f or -i, or a narrower -b .. -e (at most {MAX_SWEEP_SIZES} sizes)"
+    return _checked(_step_sizes(lo, hi, factor, step, where, fix), where, fix)
 
 
 def parse_size_list(text: str, field: str = "--sizes") -> list[int]:
@@ -156,9 +167,11 @@ def parse_size_list(text: str, field: str = "--sizes") -> list[int]:
         except ValueError:
             raise InputError(field, f"step {parts[2]!r} is not xF", fix) from None
         if not (math.isfinite(factor) and factor > 1):
-            raise InputError(field, f"factor {how[1:]} is not above 1", "give a factor above 1, e.g. x2")
+            what = "is not a finite number" if not math.isfinite(factor) else "is not above 1"
+            raise InputError(field, f"factor {how[1:]} {what}", "give a factor above 1, e.g. x2")
     elif how[:1] == "+":
         step = parse_sweep_size(how[1:], field)
     else:
         raise InputError(field, f"step {parts[2]!r} is neither xF (times) nor +STEP (plus bytes)", fix)
-    return _checked(_step_sizes(lo, hi, factor, step), field, f"use a larger step or a narrower range (at most {MAX_SWEEP_SIZES} sizes)")
+    fix = f"use a larger step or a narrower range (at most {MAX_SWEEP_SIZES} sizes)"
+    return _checked(_step_sizes(lo, hi, factor, step, field, fix), field, fix)
