@@ -193,3 +193,16 @@ def test_huge_numbers_in_files_and_params_do_not_overflow(tmp_path):
     (tmp_path / "run").mkdir()
     r = cli("tasks", "submit", "cnn", "--run-dir", tmp_path / "run", "--params", '{"lr": 1' + "0" * 400 + "}")
     assert_clean_error(r, 2, "--params", "not a finite number")
+
+
+def test_a_send_on_a_link_the_topology_lacks_is_refused_by_run_and_export(tmp_path):
+    """verify and show said so; run and export stopped with an IndexError traceback."""
+    good = tmp_path / "s.json"
+    assert cli("synth", "-t", "ring", "--n", "4", "-s", "1MB", "--chunks", "1", "--time-limit", "5", "-o", good).code == 0
+    d = json.loads(good.read_text())
+    d["sends"][0][1] = 99
+    bad = tmp_path / "b.json"
+    bad.write_text(json.dumps(d))
+    for args in (["export", bad, "--msccl", tmp_path / "x.xml"], ["run", bad]):
+        r = cli(*args)
+        assert r.code != 0 and "Traceback" not in r.err and "no link 99" in r.err, r.err

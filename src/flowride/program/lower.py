@@ -84,14 +84,14 @@ def lower(schedule: Schedule, check: bool = True) -> Program:
     communicator (:mod:`flowride.topology.group`). One synthesized with relays allowed that uses
     none is lowered like any other."""
     links = schedule.topology.links
+    if check:  # first: an invalid schedule may name links the topology lacks
+        sim = simulate(schedule)
+        if not sim.valid:
+            raise InvalidSchedule("schedule", f"is invalid: {sim.first_violation}", "only verified schedules can be lowered; run flowride verify")
     relays = relay_ranks(schedule.topology, {v for s in schedule.sends for v in (links[s.link].src, links[s.link].dst)})
     if relays:
         raise InputError("schedule", f"relays through GPU(s) {', '.join(map(str, relays))} outside the group",
                          "synthesize with --relay off to export or run")
-    if check:
-        sim = simulate(schedule)
-        if not sim.valid:
-            raise InvalidSchedule("schedule", f"is invalid: {sim.first_violation}", "only verified schedules can be lowered; run flowride verify")
     topo = schedule.topology
     coll = schedule.collective
     gpus = list(topo.gpus)
