@@ -206,3 +206,18 @@ def test_a_send_on_a_link_the_topology_lacks_is_refused_by_run_and_export(tmp_pa
     for args in (["export", bad, "--msccl", tmp_path / "x.xml"], ["run", bad]):
         r = cli(*args)
         assert r.code != 0 and "Traceback" not in r.err and "no link 99" in r.err, r.err
+
+
+@pytest.mark.parametrize(("text", "option"), [
+    ("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tNV4\t0-15\nGPU1\tNV4\t X \t0-15\n\nLegend:\n  X    = Self\n", "--from-nvidia-smi"),
+    ('<?xml version="1.0"?>\n<system version="1">\n  <cpu numaid="0">\n', "--from-nccl-xml"),
+])
+def test_a_machine_dump_given_as_topology_json_names_its_importer(tmp_path, text, option):
+    dump = tmp_path / "dump.txt"
+    dump.write_text(text)
+    assert_clean_error(cli("synth", "-t", dump, "-s", "1MB"), 2, option)
+
+
+def test_train_help_lists_every_model_preset():
+    out = cli("train", "--help").out
+    assert all(name in out for name in ("tiny", "small", "medium", "large"))

@@ -136,7 +136,7 @@ def train_args(p: argparse.ArgumentParser, iters: int) -> None:
     p.add_argument("--engine", default="auto", help="torch (torch.distributed.pipelining), builtin (flowride's instruction "
                    "lists) or auto (default: torch for the schedules torch has, builtin for interleaved and zbh1)")
     p.add_argument("--chunks", "-v", type=integer(1, 16, "chunks"), default=None, help="model chunks per stage (interleaved; default 2 there, else 1)")
-    p.add_argument("--model", default="tiny", help="tiny, small or medium")
+    p.add_argument("--model", default="tiny", help="tiny, small, medium or large (GPT presets, pipeline/model.py; large: bubbles of 0.1-0.5 s on 2 CPU cores)")
     p.add_argument("--iters", type=integer(1, 10**7, "iterations"), default=iters)
     p.add_argument("--microbatch-size", type=integer(1, 65536, "samples"), default=4)
     p.add_argument("--seed", type=integer(0, 2**63 - 1, "a seed"), default=0)

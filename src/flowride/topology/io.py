@@ -122,4 +122,26 @@ def save_topology(topo: Topology, path: str | Path) -> None:
 
 
 def load_topology(path: str | Path) -> Topology:
-    return topology_from_dict(read_json(path, "topology", "give an existing topology JSON file"))
+    try:
+        data = read_json(path, "topology", "give an existing topology JSON file")
+    except InputError as e:
+        hint = _import_hint(path) if "not valid JSON" in e.problem else None
+        if hint is None:
+            raise
+        raise InputError("topology", f"{path} is not topology JSON: it looks like {hint[0]}", f"import it with {hint[1]} {path}") from None
+    return topology_from_dict(data)
+
+
+def _import_hint(path: str | Path) -> tuple[str, str] | None:
+    """What a file that is not JSON looks like, where an importer reads it: an ``nvidia-smi topo -m``
+    matrix or an NCCL topology XML dump (read as text, the first 64 KiB)."""
+    try:
+        with open(path, errors="replace") as f:
+            head = f.read(65536)
+    except OSError:
+        return None
+    if "<system" in head or head.lstrip().startswith("<?xml"):
+        return "an NCCL topology XML dump", "--from-nccl-xml"
+    if "GPU0" in head and (" X " in head or "\tX\t" in head or "Legend" in head):
+        return "an nvidia-smi topo -m matrix", "--from-nvidia-smi"
+    return None
