@@ -493,7 +493,9 @@ def test_kill_9_of_the_manager_during_training(tmp_path):
 
     def killer():
         wait_for(lambda: len(read_steps(run_dir)) > 20, timeout=120, every=0.02)
-        pid = json.loads((run_dir / "manager.pid").read_text())
+        from flowride.harvest.manager_files import read_pid
+
+        pid = read_pid(run_dir).pid
         killed.append(time.monotonic())
         os.kill(pid, signal.SIGKILL)
 

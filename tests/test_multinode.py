@@ -127,7 +127,8 @@ def test_shifting_a_record_moves_every_time_and_nothing_else():
 def test_a_torchrun_rank_is_told_from_a_rank_flowride_started():
     rank_env = {"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
     assert launched_as_rank({**rank_env, "TORCHELASTIC_RUN_ID": "x"})
-    assert launched_as_rank(rank_env)  # a Slurm or MPI script exporting the same
+    assert launched_as_rank({**rank_env, "SLURM_PROCID": "1"})  # a Slurm or MPI script exporting the same
+    assert launched_as_rank({**rank_env, "FLOWRIDE_AS_RANK": "1"})  # any other launcher, said so
     assert not launched_as_rank({**rank_env, RANK_GROUP_ENV: "1"})  # flowride's own worker
     assert not launched_as_rank({"RANK": "1", "WORLD_SIZE": "4"})
     assert not launched_as_rank({})

@@ -97,7 +97,10 @@ def atomic_write(path: str | Path, mode: str = "w") -> Iterator[IO]:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, p)
+        try:
+            os.replace(tmp, p)
+        except OSError as e:  # name the file the user asked for, not our temp file
+            raise OSError(e.errno, f"cannot write {p}: {e.strerror}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -163,6 +166,29 @@ def check_output_dir(path: str | Path, field: str) -> Path:
     """A directory we will be able to create or write into: an existing writable directory,
     or a path whose nearest existing ancestor is a writable directory."""
     return _guarded(_check_output_dir, path, field, "directory")
+
+
+def check_output_tree(out_dir: str | Path, files: list[str], field: str, dirs: tuple[str, ...] = ()) -> Path:
+    """``out_dir`` and every file a command will write in it (``files``, relative paths) and every
+    folder it will create there (``dirs``), tried before the work: a name that is a directory, a
+    folder that is a file, or one we cannot write in is refused naming that path, so a sweep never
+    runs for an hour and then fails on its last file."""
+    d = check_output_dir(out_dir, field)
+    for sub in dirs:
+        q = d / sub
+        if q.exists() and not q.is_dir():
+            raise InputError(field, f"{q} is a file, and {sub}/ is where the command writes", "remove it or give another directory")
+        if q.is_dir():
+            _guarded(_check_output_dir, q, field, "directory")
+    for name in files:
+        q = d / name
+        if q.is_dir():
+            raise InputError(field, f"{q} is a directory, and the command writes a file of that name",
+                             "remove it or give another directory")
+        for up in list(q.relative_to(d).parents)[:-1]:
+            if (d / up).exists() and not (d / up).is_dir():
+                raise InputError(field, f"{d / up} is a file, so {q} cannot be written", "remove it or give another directory")
+    return d
 
 
 def _check_output_file(p: Path, field: str) -> Path:

@@ -31,23 +31,87 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
 
+from flowride.errors import InputError
+
 STOP_GRACE_S = 1.0  # SIGTERM, then SIGKILL after this long
 RANK_GROUP_ENV = "FLOWRIDE_RANK_GROUP"  # set in the environment of every rank RankGroup starts
 RANK_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what a torchrun-style launcher gives a rank
 
 
+LAUNCHER_ENV = ("TORCHELASTIC_RUN_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+AS_RANK_ENV = "FLOWRIDE_AS_RANK"  # "1": a launcher of another kind exported RANK, WORLD_SIZE, ... on purpose
+LEFTOVER_FIX = ("unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT to let flowride start its own ranks, or export "
+                f"{AS_RANK_ENV}=1 if a launcher of yours set them")
+
+
 def launched_as_rank(env: dict[str, str] | None = None) -> bool:
     """Whether this process is one rank of a run somebody else launched: torchrun (it sets
-    ``TORCHELASTIC_RUN_ID``) or any launcher that exports RANK, WORLD_SIZE, MASTER_ADDR and
-    MASTER_PORT (a Slurm or MPI script). Then ``flowride run`` and ``flowride train`` run as that
-    rank instead of starting their own. Ranks :class:`RankGroup` starts carry ``FLOWRIDE_RANK_GROUP``
-    and never count: they are flowride's own workers."""
+    ``TORCHELASTIC_RUN_ID``), srun or mpirun (``SLURM_PROCID``, ``OMPI_COMM_WORLD_RANK``,
+    ``PMI_RANK``, ...) with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT exported, or any other
+    launcher that exports those and ``FLOWRIDE_AS_RANK=1``. Then ``flowride run`` and ``flowride
+    train`` run as that rank instead of starting their own. Ranks :class:`RankGroup` starts carry
+    ``FLOWRIDE_RANK_GROUP`` and never count: they are flowride's own workers.
+
+    The four variables with no launcher behind them are most often left over in a shell from an
+    earlier job; run as a rank, the process would wait for peers that never come and fail after
+    the rendezvous timeout with C++ stack frames. That is refused at once, in one line, as is a
+    RANK, WORLD_SIZE or MASTER_PORT that is not a number in range (:func:`rank_and_world`)."""
     env = os.environ if env is None else env
     if env.get(RANK_GROUP_ENV):
         return False
     if env.get("TORCHELASTIC_RUN_ID") and "RANK" in env:
+        rank_and_world(env)
         return True
-    return all(env.get(k) for k in RANK_ENV)
+    if not all(env.get(k) for k in RANK_ENV):
+        return False
+    if not any(env.get(k) for k in LAUNCHER_ENV) and env.get(AS_RANK_ENV) != "1":
+        raise InputError("RANK", f"RANK={env['RANK']}, WORLD_SIZE={env['WORLD_SIZE']}, MASTER_ADDR and MASTER_PORT are set in "
+                         "the environment, but no launcher (torchrun, srun, mpirun) started this process", LEFTOVER_FIX)
+    rank_and_world(env)
+    return True
+
+
+def rank_and_world(env: dict[str, str] | None = None) -> tuple[int, int]:
+    """RANK and WORLD_SIZE of a launched rank, checked: whole numbers, 0 <= RANK < WORLD_SIZE,
+    MASTER_PORT (when set) a port. The one reading both launchers' workers use."""
+    env = os.environ if env is None else env
+    vals = {}
+    for k, lo in (("RANK", 0), ("WORLD_SIZE", 1)):
+        try:
+            vals[k] = int(env.get(k, ""))
+        except ValueError:
+            raise InputError(k, f"{env.get(k)!r} in the environment is not a whole number", LEFTOVER_FIX) from None
+        if vals[k] < lo:
+            raise InputError(k, f"{vals[k]} in the environment is below {lo}", LEFTOVER_FIX)
+    if vals["RANK"] >= vals["WORLD_SIZE"]:
+        raise InputError("RANK", f"{vals['RANK']} is not below WORLD_SIZE={vals['WORLD_SIZE']}", LEFTOVER_FIX)
+    port = env.get("MASTER_PORT")
+    if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise InputError("MASTER_PORT", f"{port!r} in the environment is not a port", LEFTOVER_FIX)
+    return vals["RANK"], vals["WORLD_SIZE"]
+
+
+def check_world(world: int, want: int, field: str, fix: str) -> None:
+    """The processes started (WORLD_SIZE) must be the ranks the work has: else one line naming
+    ``field``, the option that sets them."""
+    if world != want:
+        raise InputError(field, f"is {want} but {world} processes were started (WORLD_SIZE)", fix)
+
+
+def pick_device(device: str, need: int = 1, field: str = "device") -> str:
+    """``cpu`` or ``cuda`` for ``device`` (auto, cpu or cuda), checked before any rank starts:
+    ``cuda`` needs CUDA and at least ``need`` GPUs here; ``auto`` takes cuda only then."""
+    import torch
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise InputError(field, f"{device!r} is unknown", "use auto, cpu or cuda")
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "auto":
+        return "cuda" if have >= need else "cpu"
+    if device == "cuda" and have < need:
+        why = "this torch build has no CUDA" if not torch.backends.cuda.is_built() else f"{have} GPU(s) are visible here"
+        raise InputError(field, f"cuda needs {need} GPU(s) and {why}", "use --device cpu (gloo), or run where the GPUs are")
+    return device
 
 
 def _load_prctl():

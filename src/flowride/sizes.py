@@ -20,4 +20,5 @@ MAX_EPOCHS = 10_000_000  # the epoch a send may start in
 MAX_BUFFER_BYTES = 10**15  # a size per GPU (1 PB; a run also needs the memory: see comm.launch)
 MIN_EPOCH_S, MAX_EPOCH_S = 1e-12, 1.0  # an explicit --epoch
 MAX_DATA_BYTES = 512 * 2**20  # flowride train --data: a text file read whole by every rank
+DEFAULT_MAX_LOSS = 1.02  # export: a range's schedule may be at most 2% slower (modelled) than a size's own
 MAX_JSON_MIB = 256  # an input JSON larger than this is refused unread

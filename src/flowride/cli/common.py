@@ -9,7 +9,6 @@ input (an option or file the command cannot use); 130 interrupted. Errors are on
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,8 +19,19 @@ from flowride.argtypes import SECONDS, THREADS, integer, number, out_dir
 from flowride.errors import InputError, InvalidSchedule
 from flowride.sizes import MAX_GPUS, MAX_MICROBATCHES, MAX_STAGES
 
-console = Console()
-err = Console(stderr=True)
+OFF_TERMINAL_WIDTH = 1000  # piped or in a CI log: wide enough that no table is squeezed or cut
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console that keeps tables whole off a terminal: rich falls back to 80 columns (or
+    ``$COLUMNS``) there and squeezes a wide table until names and verdicts are cut to "…"; a log
+    file has no width, so the table keeps its natural one."""
+    c = Console(stderr=stderr)
+    return c if c.is_terminal else Console(stderr=stderr, width=OFF_TERMINAL_WIDTH)
+
+
+console = _console()
+err = _console(stderr=True)
 
 
 # the pipeline library's field names -> the options of train, profile-bubbles and schedule-show
@@ -42,6 +52,16 @@ def as_options(**option_of: str) -> Iterator[None]:
         raise InputError(option_of[key], e.problem, e.fix) from None
 
 
+def refuse_unused(a: argparse.Namespace, when: str, fix: str, **flag_of: str) -> None:
+    """Options the command, as it was given, would not use: refused in one line, never dropped
+    silently (a sweep's ``--out-dir`` given with one size would save nothing). An option counts
+    as given when it is not None or False, so these options default to None."""
+    for dest, flag in flag_of.items():
+        v = getattr(a, dest, None)
+        if v is not None and v is not False:
+            raise InputError(flag, f"is used only {when}", fix)
+
+
 def say_error(msg: str) -> None:
     """One plain line on stderr (no wrapping or markup, so it stays one line for scripts)."""
     print(f"error: {msg}", file=sys.stderr)
@@ -55,18 +75,6 @@ class Parser(argparse.ArgumentParser):
 
 class RunFailed(Exception):
     """A training rank failed: shown with its error, exit code 1."""
-
-
-def json_arg(text: str | None, field: str) -> dict:
-    if not text:
-        return {}
-    try:
-        v = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(field, f"is not JSON ({e.msg})", 'write e.g. \'{"n": 1000}\'') from None
-    if not isinstance(v, dict):
-        raise InputError(field, "is not a JSON object", 'write e.g. \'{"n": 1000}\'')
-    return v
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 
 from flowride.argtypes import SECONDS, number, out_dir, out_file
-from flowride.cli.common import as_options, console, err, topology_args
+from flowride.cli.common import as_options, console, err, refuse_unused, topology_args
 from flowride.cli.sweep import SweepView, ranges_table, sweep_args, sweep_of
 from flowride.errors import InputError
+from flowride.sizes import DEFAULT_MAX_LOSS
 
-DEFAULT_MAX_LOSS = 1.02  # flowride.sweep.DEFAULT_MAX_LOSS (not imported here: the parser is built without the library)
+RANGE_DEFAULTS = {"collective": "allgather", "chunk_options": "1,2,4", "epochs": "fast", "method": "auto"}
 
 
 def cmd_export(a: argparse.Namespace) -> int:
@@ -25,6 +26,9 @@ def cmd_export(a: argparse.Namespace) -> int:
         raise InputError("schedule", "no schedule given", "name a schedule JSON, or give --topology, --collective, --sizes and --out-dir")
     if not a.msccl:
         raise InputError("--msccl", "no output given", "name the XML file to write, e.g. --msccl algo.xml")
+    refuse_unused(a, "in a range export (--topology, --sizes, --out-dir)", "leave it out to export one schedule",
+                  collective="--collective", chunk_options="--chunk-options", epochs="--epochs", method="--method",
+                  time_limit="--time-limit", max_loss="--max-loss", clean="--clean", json="--json")
     sched = load_schedule(a.schedule)
     prog = lower(sched)
     write_msccl(prog, a.msccl, unfused=a.unfused, proto=a.proto or "Simple")
@@ -47,7 +51,7 @@ def _ints(text: str, field: str) -> tuple[int, ...]:
 def _export_ranges(a: argparse.Namespace, sizes: list[int] | None) -> int:
     """``flowride export --topology T --collective C --sizes ... --out-dir DIR``."""
     from flowride.cli.topology import load_topology
-    from flowride.sweep import check_export, export_ranges
+    from flowride.sweep import export_ranges
     from flowride.synth.options import SynthOptions
 
     if a.schedule:
@@ -60,20 +64,20 @@ def _export_ranges(a: argparse.Namespace, sizes: list[int] | None) -> int:
             raise InputError(flag, "is missing for a range export", fix)
     if a.msccl:
         raise InputError("--msccl", "names one file, and a range export writes one per range", "use --out-dir only")
+    refuse_unused(a, "with synth and run sweeps", "read OUT/ranges.json: a range export writes its rows there", json="--json")
+    for k, v in RANGE_DEFAULTS.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
     chunks = _ints(a.chunk_options, "--chunk-options")
-    epochs = tuple(e.strip() for e in a.epochs.split(",") if e.strip())
-    if not epochs:
-        raise InputError("--epochs", f"{a.epochs!r} names no epoch preset", "give fast, slow or fast,slow (the default is fast)")
+    epochs = tuple(e.strip() for e in a.epochs.split(",") if e.strip())  # checked by the library (an empty list too)
     topo = load_topology(a)
     opts = SynthOptions(method=a.method, time_limit=a.time_limit)
     names = {"chunks": "--chunk-options", "epochs": "--epochs", "proto": "--proto", "out_dir": "--out-dir", "time_limit": "--time-limit",
              "method": "--method", "collective": "--collective", "size": "--sizes", "sizes": "--sizes", "relay": "--relay",
              "max_loss": "--max-loss"}
-    with as_options(**names):  # what would only fail at writing is refused before the sweep starts
-        check_export(topo, a.collective, a.out_dir, a.clean)
     with err.status("[bold]export[/bold] sweeping sizes") as st, as_options(**names):
         plan = export_ranges(topo, a.collective, sizes, a.out_dir, chunks, epochs, opts, a.proto or "auto", a.unfused, SweepView(st),
-                             max_loss=a.max_loss, clean=a.clean)
+                             max_loss=DEFAULT_MAX_LOSS if a.max_loss is None else a.max_loss, clean=a.clean)
     ranges_table(plan).print()
     console.print(f"written to {a.out_dir}: {len(plan.ranges)} XML file(s) under xml/ (point MSCCL_ALGO_DIR there), ranges.json, "
                   f"ranges.md. Protocol: not chosen by the model; {plan.protocol_rule}.", soft_wrap=True)
@@ -90,13 +94,13 @@ def add_export(sub) -> None:
                     "chosen per size by NCCL's cost model)")
     r = ex.add_argument_group("range export: synthesize across sizes, one XML per size range")
     topology_args(r, required=False)
-    r.add_argument("--collective", "-c", default="allgather", help="allgather, alltoall, reducescatter or allreduce")
+    r.add_argument("--collective", "-c", help="allgather (default), alltoall, reducescatter or allreduce")
     r.add_argument("--out-dir", type=out_dir, help="write xml/*.xml, ranges.json and ranges.md here")
-    r.add_argument("--chunk-options", default="1,2,4", help="chunks per block to choose from at each size (default 1,2,4)")
-    r.add_argument("--epochs", default="fast", help="epoch presets to choose from: fast, slow or fast,slow (default fast)")
-    r.add_argument("--method", default="auto", help="synthesis method (see flowride synth)")
+    r.add_argument("--chunk-options", help="chunks per block to choose from at each size (default 1,2,4)")
+    r.add_argument("--epochs", help="epoch presets to choose from: fast, slow or fast,slow (default fast)")
+    r.add_argument("--method", help="synthesis method (see flowride synth; default auto)")
     r.add_argument("--time-limit", type=SECONDS, help="seconds per synthesis (per size and candidate)")
-    r.add_argument("--max-loss", type=number(1, 100, what="a ratio"), default=DEFAULT_MAX_LOSS,
+    r.add_argument("--max-loss", type=number(1, 100, what="a ratio"),
                    help=f"split a range where its one schedule would run more than this many times slower (modelled) at a swept "
                         f"size than that size's own schedule (default {DEFAULT_MAX_LOSS})")
     r.add_argument("--clean", action="store_true", help="remove the *.xml files already in OUT/xml/ (and ranges.json/md) before "

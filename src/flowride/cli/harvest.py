@@ -9,47 +9,41 @@ import json
 from rich.table import Table
 
 from flowride.argtypes import COUNT, SECONDS, integer, out_dir, out_file
-from flowride.cli.common import Parser, as_options, console, json_arg
-from flowride.errors import InputError
+from flowride.cli.common import Parser, as_options, console, say_error
 from flowride.files import write_json_atomic
 
 
 def cmd_profile_task(a: argparse.Namespace) -> int:
     from flowride.harvest.profile import profile_task
 
-    params = json_arg(a.params, "--params")
-    _check_params(a.task, params)
-    prof = profile_task(a.task, params, a.steps, a.seconds)
+    spec = _task_spec(a.task, a.params)
+    prof = profile_task(spec.name, spec.params, a.steps, a.seconds)
     if a.out:
         write_json_atomic(a.out, prof, indent=1)
     console.print_json(json.dumps(prof))
     return 0
 
 
-def _check_params(task: str, params: dict) -> None:
-    from flowride.harvest.task import check_params
+def _task_spec(task: str, params: str | None):
+    """The task and its ``--params``, checked by the one task-spec parser."""
+    from flowride.harvest.task import parse_task_spec
 
-    try:
-        check_params(task, params)
-    except InputError as e:
-        raise InputError("--params" if e.field == "params" else e.field, e.problem, e.fix) from None
+    with as_options(params="--params"):
+        return parse_task_spec(task, params)
 
 
 def cmd_tasks(a: argparse.Namespace) -> int:
     from flowride.harvest.store import TaskStore, existing_run_dir
-    from flowride.harvest.task import resolve
 
     with as_options(run_dir="--run-dir"):
         existing_run_dir(a.run_dir)
     if a.action == "submit":
-        resolve(a.task)
-        params = json_arg(a.params, "--params")
-        _check_params(a.task, params)
+        spec = _task_spec(a.task, a.params)
     with as_options(task_store="--run-dir"):
         store = TaskStore.in_run_dir(a.run_dir)
     try:
         if a.action == "submit":
-            tid = store.submit(a.task, params, a.priority, a.memory_mb)
+            tid = store.submit(spec.name, spec.params, a.priority, a.memory_mb)
             console.print(f"submitted task {tid} ({a.task})")
         elif a.action == "list":
             t = Table(title=f"side tasks in {a.run_dir}")
@@ -76,9 +70,15 @@ def cmd_manager(a: argparse.Namespace) -> int:
     if a.action == "status":
         console.print_json(json.dumps(supervise.manager_status(d)))
     elif a.action == "stop":
-        console.print("manager stopped; tasks saved" if supervise.stop_running(d) else "no manager was running")
+        stopped, why = supervise.stop_running(d)
+        console.print("manager stopped; tasks saved" if stopped else why)
     else:
-        port = supervise.restart(d)
+        try:
+            port = supervise.restart(d)
+        except supervise.ManagerUnavailable as e:  # e.g. its port is taken now: one line, exit 1
+            last = [ln for ln in str(e).splitlines() if ln.strip()]
+            say_error(f"manager restart failed: {last[-1] if last else e}")
+            return 1
         console.print(f"manager restarted on 127.0.0.1:{port} (same port: running trainers keep reaching it); "
                       "unfinished tasks resume from the store")
     return 0

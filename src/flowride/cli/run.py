@@ -10,7 +10,7 @@ import sys
 from rich.table import Table
 
 from flowride.argtypes import COUNT, SECONDS, integer, out_file
-from flowride.cli.common import as_options, console, err
+from flowride.cli.common import as_options, console, err, refuse_unused
 from flowride.cli.sweep import run_sweep_table, sweep_args, sweep_of, sweep_option
 from flowride.errors import InputError
 from flowride.files import write_json_atomic
@@ -28,8 +28,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         return _run_as_rank(a)
     target = load_as_program(a.schedule)
     sizes = sweep_of(a)  # -b/-e/-f or --sizes: every size in one launch, nccl-tests' table
-    if sizes is not None and a.size:
-        raise InputError("--size", "is given together with a sweep (-b/-e/-f or --sizes)", "give one size or a sweep")
+    if sizes is None:
+        refuse_unused(a, "with a size sweep (-b/-e/-f or --sizes)", "give a sweep, or leave it out for one size", json="--json")
     size = parse_size(a.size, "--size") if a.size else None
     with Progress(TextColumn("[bold]run[/bold] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task(f"{target.collective.value} on {target.ngpus} ranks", total=None)

@@ -37,8 +37,12 @@ def sweep_args(p: argparse.ArgumentParser, what: str, synth: bool = False) -> No
 
 
 def sweep_of(a: argparse.Namespace) -> list[int] | None:
-    """The requested sizes, or None when no sweep option was given."""
-    return sweep_sizes(a.minbytes, a.maxbytes, a.stepfactor, a.stepbytes, a.sizes)
+    """The requested sizes, or None when no sweep option was given; one ``--size`` given with a
+    sweep is refused here, once for every command."""
+    sizes = sweep_sizes(a.minbytes, a.maxbytes, a.stepfactor, a.stepbytes, a.sizes)
+    if sizes is not None and getattr(a, "size", None):
+        raise InputError("--size", "is given together with a sweep (-b/-e/-f or --sizes)", "give one size or a sweep")
+    return sizes
 
 
 def sweep_option(a: argparse.Namespace) -> str:
@@ -134,12 +138,18 @@ _NCCL_COLUMNS = [("", "size", "(B)"), ("", "count", "(elements)"), ("", "type", 
 def synth_sweep(a: argparse.Namespace, topo, sizes: list[int], epoch, speedups) -> int:
     """``flowride synth`` over a sweep: modelled nccl-tests columns, the bound and the search."""
     from flowride.api import WARM_TAG
-    from flowride.sweep import synthesize_sweep
+    from flowride.sweep import sweep_file_name, synthesize_sweep
     from flowride.synth.options import SynthOptions
 
     if a.out:
         raise InputError("--out", "names one file, and a sweep makes a schedule per size", "use --out-dir DIR for a sweep")
     opts = SynthOptions(a.method, epoch, a.time_limit, a.mip_gap, a.threads, int(a.memory_limit * 2**30), speedups, a.objective)
+    if a.out_dir:  # every file the sweep will write, tried before it runs
+        from flowride.files import check_output_tree
+        from flowride.sweep import sweep_files
+
+        with as_options(collective="--collective"):
+            check_output_tree(a.out_dir, sweep_files(topo, a.collective, sizes, a.chunks), "--out-dir")
     fields = as_options(chunks="--chunks", time_limit="--time-limit", epoch="--epoch", mip_gap="--mip-gap", threads="--threads",
                         size=sweep_option(a), sizes=sweep_option(a), collective="--collective", method="--method",
                         objective="--objective")
@@ -150,7 +160,7 @@ def synth_sweep(a: argparse.Namespace, topo, sizes: list[int], epoch, speedups) 
         d = Path(a.out_dir)
         d.mkdir(parents=True, exist_ok=True)
         for p in points:
-            p.outcome.schedule.save(d / f"{p.outcome.demand.collective.value}_{p.size_bytes}B.json")
+            p.outcome.schedule.save(d / sweep_file_name(p.outcome.demand.collective, p.size_bytes))
     if a.report:
         from flowride.files import write_json_atomic
 
@@ -204,14 +214,11 @@ def run_sweep_table(rows: list, collective: str, ranks: int) -> SweepTable:
 # ---- flowride export --sizes ----
 
 def ranges_table(plan) -> SweepTable:
-    """One row per range; worst loss: the range's schedule at its worst swept size over that size's own."""
+    """One row per range (the rows ``ranges.md`` holds: :meth:`~flowride.sweep.RangePlan.table_rows`);
+    worst loss: the range's schedule at its worst swept size over that size's own."""
     t = SweepTable(f"MSCCL algorithms for {plan.collective} on {plan.topology} ({plan.gpus} GPUs), one per size range "
-                   f"(worst loss at most {plan.max_loss:g})",
-                   [("", "minBytes", ""), ("", "maxBytes", ""), ("", "file", ""), ("", "chunks", ""), ("", "epochs", ""),
-                    ("", "protocol", ""), ("", "swept sizes", ""), ("", "worst loss", ""), ("", "vs NCCL's best", "")],
+                   f"(worst loss at most {plan.max_loss:g})", [("", c, "") for c in plan.COLUMNS],
                    left=frozenset({"file", "epochs", "protocol", "swept sizes", "vs NCCL's best"}))
-    for r in plan.ranges:
-        vs = ", ".join(f"{x['best']} {x['speedup_vs_nccl']:.2f}x" for x in r.nccl) or "-"
-        t.add_row(r.min_bytes, "0 (open)" if r.max_bytes == 0 else r.max_bytes, r.file, r.chunks, r.pick.epoch, r.proto,
-                  ", ".join(format_size(s) for s in r.sizes), f"{r.worst_loss:.3f}", vs)
+    for row in plan.table_rows():
+        t.add_row(*row)
     return t

@@ -88,7 +88,10 @@ def cmd_train(a: argparse.Namespace) -> int:
     from flowride.ranks import launched_as_rank
 
     cfg = _train_config(a)
-    tasks = [t.strip() for t in (a.side_tasks or "").split(",") if t.strip()]
+    from flowride.harvest.task import parse_task_list
+
+    with as_options(side_tasks="--side-tasks", task="--side-tasks"):
+        tasks = parse_task_list(a.side_tasks)
     mode = a.harvest.lower()
     side_steps: list[dict] = []
     if tasks and mode != "none":

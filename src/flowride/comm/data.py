@@ -21,6 +21,7 @@ import torch
 
 from flowride.collectives.demand import Collective
 from flowride.errors import InputError
+from flowride.schedule.metrics import run_bytes
 
 MODULUS = 1000
 UNWRITTEN = -1.0  # what an output slot holds before the collective: no input value is negative
@@ -29,10 +30,11 @@ UNWRITTEN = -1.0  # what an output slot holds before the collective: no input va
 def elements_per_chunk(coll: Collective, n: int, c: int, size_bytes: int, itemsize: int = 4) -> int:
     """Elements in one chunk when ``size_bytes`` is the schedule's size per rank: the AllGather
     output, the AlltoAll buffer, the ReduceScatter input or the AllReduce buffer. All four are
-    N*C chunks, as in :func:`flowride.collectives.demand.make_demand`; at least one element."""
+    N*C chunks, as in :func:`flowride.collectives.demand.make_demand`; at least one element. The
+    rounding is :func:`~flowride.schedule.metrics.run_bytes`'s, the one place sizes are rounded."""
     if size_bytes < 1:
         raise InputError("size_bytes", f"{size_bytes} is not positive", "give the per-rank buffer size in bytes")
-    return max(1, int(size_bytes) // (n * c * itemsize))
+    return run_bytes(size_bytes, n, c, itemsize) // (n * c * itemsize)
 
 
 def _mix(rank: int, chunk: int) -> tuple[int, int]:

@@ -21,13 +21,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from flowride.comm.result import EXIT_OK, EXIT_WRONG, RunResult
 from flowride.comm.serialize import check_structure, save_program
 from flowride.errors import InputError
 from flowride.program import Program, lower
-from flowride.ranks import JsonLines, RankGroup
+from flowride.ranks import JsonLines, RankGroup, pick_device
 from flowride.schedule.ir import Schedule
 
 STALE_S = 3.0  # a state file older than this belongs to a rank that stopped running
@@ -138,16 +136,6 @@ def _memory_bytes() -> int:
         return 0
 
 
-def _pick_device(n: int, device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= n else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise InputError("device", f"{device!r} is unknown", "use auto, cpu or cuda")
-    if device == "cuda" and not (torch.cuda.is_available() and torch.cuda.device_count() >= n):
-        raise InputError("device", f"cuda needs {n} GPUs on this machine", "use device='cpu' (gloo), or torchrun across machines")
-    return device
-
-
 def run_schedule(schedule_or_program: Schedule | Program, size_bytes: int | None = None, repeats: int = 5,
                  warmup: int = 1, timeout_s: float = 600.0, backend: str | None = None, barrier_per_epoch: bool = False,
                  progress: Callable[[dict], None] | None = None, mode: str = "auto", device: str = "auto",
@@ -194,7 +182,7 @@ def run_schedules(items: list[Schedule | Program], size_bytes: int | list[int | 
     for s in sizes:
         if not isinstance(s, int) or s < 1:
             raise InputError("size_bytes", f"{s!r} is not a positive size", "give the per-rank buffer size in bytes")
-    dev = _pick_device(n, device)
+    dev = pick_device(device, n)
     need = n * max(sizes) * RUN_COPIES
     have = _memory_bytes()
     if dev == "cpu" and have and need > 0.8 * have:  # on CUDA the buffers live on the GPUs

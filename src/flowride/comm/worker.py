@@ -52,7 +52,7 @@ from flowride.comm.result import EXIT_FAILED, EXIT_INPUT, EXIT_OK, EXIT_WRONG, M
 from flowride.comm.serialize import check_structure, load_program
 from flowride.errors import InputError
 from flowride.files import write_json_atomic
-from flowride.ranks import leave_process_group
+from flowride.ranks import check_world, leave_process_group, pick_device, rank_and_world
 
 FAULT_ENV = "FLOWRIDE_COMM_INJECT_FAULT"
 
@@ -148,8 +148,7 @@ def _timed(fn, device: torch.device, state: _State, what: str | None) -> float:
 
 
 def _device_and_backend(args: argparse.Namespace) -> tuple[torch.device, str]:
-    want_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    if want_cuda:
+    if pick_device(args.device) == "cuda":  # ranks share the node's GPUs by LOCAL_RANK
         local = int(os.environ.get("LOCAL_RANK", "0"))
         device = torch.device("cuda", local % max(1, torch.cuda.device_count()))
         torch.cuda.set_device(device)
@@ -164,7 +163,7 @@ def run_rank(args: argparse.Namespace, state: _State, progs: list | None = None)
     dominates small runs, is paid once). Returns the reports on every rank (times are the
     slowest rank's, errors gathered from all), so each rank knows the run's outcome; rank 0's
     are the ones printed. ``progs``: programs already loaded (else ``args.program``'s files)."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = rank_and_world()
     state.rank = rank
     progs = [load_program(p) for p in args.program] if progs is None else progs
     sizes = args.size_bytes or [None]
@@ -174,8 +173,7 @@ def run_rank(args: argparse.Namespace, state: _State, progs: list | None = None)
         sizes = sizes * len(progs)
     for prog in progs:
         check_structure(prog)
-        if world != prog.ngpus:
-            raise InputError("WORLD_SIZE", f"is {world} but the program has {prog.ngpus} ranks", f"start {prog.ngpus} processes")
+        check_world(world, prog.ngpus, "WORLD_SIZE", f"start {prog.ngpus} processes: the program has {prog.ngpus} ranks")
     device, backend = _device_and_backend(args)
     state.phase = "init"
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=args.timeout_s),

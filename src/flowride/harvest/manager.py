@@ -33,56 +33,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import queue
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from flowride.files import write_json_atomic
 from flowride.harvest.fitting import candidates
 from flowride.harvest.hosts import Live, cuda_devices, start_host
 from flowride.harvest.limits import Limits, mps_daemon_running, stage_cores
+from flowride.harvest.manager_files import (
+    ManagerOptions,
+    read_options,
+    read_profiles,
+    ready_file,
+    remove_pid,
+    write_pid,
+)
 from flowride.harvest.states import TaskState
 from flowride.harvest.store import TaskRecord, TaskStore
 from flowride.harvest.task import ImperativeSpec, resolve
 from flowride.pipeline.events import BubbleEvent, BubbleSubscriber
 
-MODES = ("freeride", "naive", "priority")
-PLACEMENTS = ("float", "stage")
 PROBE_STEPS = 3  # an unprofiled CPU task runs this many steps at idle priority to learn its step time
 CHECKPOINT_EVERY_S = 2.0
 STORE_POLL_S = 0.2
-
-
-@dataclass(frozen=True)
-class ManagerOptions:
-    """Everything a manager is started with (also written to ``manager.json`` so that
-    ``flowride manager restart`` can start an identical one)."""
-
-    stages: int
-    mode: str = "freeride"
-    port: int = 0
-    pin: bool = True
-    placement: str = "float"
-    factor: float = 1.2
-    pause_grace_s: float = 1.0
-    default_memory_mb: int = 2048
-    device: str = "cpu"  # where side tasks compute: cpu | cuda
-    mps_thread_percentage: int = 50  # applied only when an MPS daemon runs
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}")
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"placement must be one of {PLACEMENTS}")
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError("device must be cpu or cuda")
-        if not isinstance(self.stages, int) or self.stages < 1:
-            raise ValueError("stages must be a positive integer")
 
 
 class Manager:
@@ -369,12 +346,12 @@ class Manager:
 
     def serve(self) -> None:
         self.store.recover()
-        write_json_atomic(self.run_dir / "manager.pid", os.getpid())
+        write_pid(self.run_dir)
         listener = threading.Thread(target=self._event_loop, daemon=True)
         listener.start()
         self._poll_store()
         # atomically: the launcher reads the port as soon as the file exists
-        write_json_atomic(self.run_dir / "manager.ready", self.port)
+        write_json_atomic(ready_file(self.run_dir), self.port)
         try:
             self._schedule_loop()
         finally:
@@ -410,7 +387,7 @@ class Manager:
             "tasks": [t.to_dict() for t in tasks],
         }
         write_json_atomic(self.run_dir / "harvest.json", record)
-        (self.run_dir / "manager.pid").unlink(missing_ok=True)
+        remove_pid(self.run_dir)
         self.sub.close()
         self.store.close()
 
@@ -430,13 +407,9 @@ def read_steps(run_dir: str | Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flowride.harvest.manager")
-    ap.add_argument("--run-dir", required=True)
-    ap.add_argument("--options", required=True, help="JSON file: ManagerOptions fields")
-    ap.add_argument("--profiles", help="JSON file: task name -> profile (median_step_s, peak_memory_bytes, throughput)")
+    ap.add_argument("--run-dir", required=True, help="holds manager.json (its options) and task-profiles.json")
     a = ap.parse_args(argv)
-    opts = ManagerOptions(**json.loads(Path(a.options).read_text()))
-    profiles = json.loads(Path(a.profiles).read_text()) if a.profiles else {}
-    m = Manager(a.run_dir, opts, profiles)
+    m = Manager(a.run_dir, read_options(a.run_dir), read_profiles(a.run_dir))
     signal.signal(signal.SIGTERM, lambda *_: m.stop.set())
     signal.signal(signal.SIGINT, lambda *_: m.stop.set())
     m.serve()

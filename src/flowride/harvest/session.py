@@ -22,7 +22,7 @@ import numpy as np
 from flowride.errors import InputError
 from flowride.files import read_json, write_json_atomic
 from flowride.harvest.cost import harvest_efficiency, savings
-from flowride.harvest.manager import ManagerOptions
+from flowride.harvest.manager_files import ManagerOptions
 from flowride.harvest.profile import profile_task
 from flowride.harvest.stats import paired_overhead
 from flowride.harvest.store import TaskStore

@@ -25,12 +25,20 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from flowride.errors import InputError
-from flowride.files import write_json_atomic
-from flowride.harvest.manager import ManagerOptions
+from flowride.harvest.manager_files import (
+    OPTIONS_FILE,
+    ManagerOptions,
+    is_our_manager,
+    pid_alive,
+    read_options,
+    read_pid,
+    read_port,
+    read_profiles,
+    ready_file,
+    write_options,
+    write_profiles,
+)
 from flowride.ranks import set_parent_death_signal
-
-OPTIONS_FILE = "manager.json"
-PROFILES_FILE = "task-profiles.json"
 
 
 class ManagerUnavailable(RuntimeError):
@@ -57,14 +65,6 @@ def _idle_priority_detached() -> None:
         pass
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.split(")")[1].split()[0] not in ("Z", "X")
-
-
 class ManagerProcess:
     """One run directory's manager: ``start``, ``watch`` (restart on death), ``stop``."""
 
@@ -89,25 +89,21 @@ class ManagerProcess:
     def from_run_dir(cls, run_dir: str | Path, **kw) -> ManagerProcess:
         """An identical manager to the one last started in ``run_dir`` (same options and port)."""
         d = Path(run_dir)
-        opts = ManagerOptions(**json.loads((d / OPTIONS_FILE).read_text()))
-        prof_f = d / PROFILES_FILE
-        profiles = json.loads(prof_f.read_text()) if prof_f.exists() else {}
-        return cls(d, opts, profiles, **kw)
+        return cls(d, read_options(d), read_profiles(d), **kw)
 
     # ------------------------------------------------------------------ start / stop
     def start(self) -> int:
         """Start the manager and wait until it listens; returns its UDP port."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        ready = self.run_dir / "manager.ready"
+        ready = ready_file(self.run_dir)
         ready.unlink(missing_ok=True)
-        write_json_atomic(self.run_dir / OPTIONS_FILE, asdict(self.opts), indent=1)
-        write_json_atomic(self.run_dir / PROFILES_FILE, self.profiles, indent=1)
+        write_options(self.run_dir, self.opts)
+        write_profiles(self.run_dir, self.profiles)
         env = dict(os.environ)
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
         with open(self.run_dir / "manager.log", "a") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "flowride.harvest.manager", "--run-dir", str(self.run_dir),
-                 "--options", str(self.run_dir / OPTIONS_FILE), "--profiles", str(self.run_dir / PROFILES_FILE)],
+                [sys.executable, "-m", "flowride.harvest.manager", "--run-dir", str(self.run_dir)],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                 preexec_fn=_idle_priority_detached if self.detached else _idle_priority_and_tie_to_parent,
             )
@@ -120,10 +116,10 @@ class ManagerProcess:
                 self.proc.wait()
                 raise ManagerUnavailable(f"the side-task manager did not start within {self.start_timeout_s:.0f} s")
             time.sleep(0.02)
-        self.port = int(json.loads(ready.read_text()))
+        self.port = read_port(self.run_dir)
         if self.opts.port != self.port:  # restarts reuse the port the trainers already send to
             self.opts = replace(self.opts, port=self.port)
-            write_json_atomic(self.run_dir / OPTIONS_FILE, asdict(self.opts), indent=1)
+            write_options(self.run_dir, self.opts)
         return self.port
 
     def log_tail(self, n: int = 600) -> str:
@@ -195,19 +191,22 @@ def check_manager_dir(run_dir: str | Path, field: str = "run_dir") -> Path:
 
 
 def manager_status(run_dir: str | Path) -> dict:
-    """What a run directory's manager is doing: alive or not, its port, its tasks."""
+    """What a run directory's manager is doing: alive or not, its port, its tasks (every file
+    read through :mod:`~flowride.harvest.manager_files`, so a damaged one is one clear error)."""
     from flowride.harvest.store import TaskStore
 
     d = Path(run_dir)
-    pid_f, ready = d / "manager.pid", d / "manager.ready"
-    pid = int(json.loads(pid_f.read_text())) if pid_f.exists() else None
+    rec = read_pid(d)
+    ours, why = is_our_manager(rec, d) if rec else (False, "no manager.pid: no manager runs")
     out = {
         "run_dir": str(d),
-        "pid": pid,
-        "alive": bool(pid and pid_alive(pid)),
-        "port": int(json.loads(ready.read_text())) if ready.exists() else None,
-        "options": json.loads((d / OPTIONS_FILE).read_text()) if (d / OPTIONS_FILE).exists() else None,
+        "pid": rec.pid if rec else None,
+        "alive": ours,
+        "port": read_port(d),
+        "options": asdict(read_options(d)),
     }
+    if rec and not ours:
+        out["note"] = why
     if (d / "tasks.sqlite").exists():
         store = TaskStore.in_run_dir(d)
         try:
@@ -218,23 +217,29 @@ def manager_status(run_dir: str | Path) -> dict:
     return out
 
 
-def stop_running(run_dir: str | Path, timeout: float = 60.0) -> bool:
-    """Ask the manager of ``run_dir`` (found by its pid file) to save and exit; True if one ran."""
-    st = manager_status(run_dir)
-    if not st["alive"]:
-        return False
-    os.kill(st["pid"], signal.SIGTERM)
+def stop_running(run_dir: str | Path, timeout: float = 60.0) -> tuple[bool, str]:
+    """Ask the manager of ``run_dir`` to save and exit. The process ``manager.pid`` names is
+    signalled only if it is still that manager (:func:`~flowride.harvest.manager_files.is_our_manager`:
+    same start time, flowride's manager on this directory), never a process that reused its pid.
+    Returns (whether one was stopped, why not)."""
+    rec = read_pid(run_dir)
+    if rec is None:
+        return False, "no manager was running (no manager.pid)"
+    ours, why = is_our_manager(rec, run_dir)
+    if not ours:
+        return False, f"no manager was running: {why}; nothing was signalled"
+    os.kill(rec.pid, signal.SIGTERM)
     t0 = time.monotonic()
-    while pid_alive(st["pid"]) and time.monotonic() - t0 < timeout:
+    while pid_alive(rec.pid) and time.monotonic() - t0 < timeout:
         time.sleep(0.05)
-    if pid_alive(st["pid"]):
-        os.kill(st["pid"], signal.SIGKILL)
-    return True
+    if pid_alive(rec.pid) and is_our_manager(rec, run_dir)[0]:
+        os.kill(rec.pid, signal.SIGKILL)
+    return True, ""
 
 
 def restart(run_dir: str | Path) -> int:
     """Stop the run directory's manager if it runs, and start an identical one (same options,
     same port) that outlives this call. Returns its port."""
+    mp = ManagerProcess.from_run_dir(run_dir, detached=True)  # its files read first: a damaged one stops nothing
     stop_running(run_dir)
-    mp = ManagerProcess.from_run_dir(run_dir, detached=True)
     return mp.start()

@@ -13,7 +13,9 @@ no task: the built-in ones (:mod:`flowride.sidetasks` and its table) use nothing
 
 from __future__ import annotations
 
+import json
 import math
+import reprlib
 import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -147,10 +149,96 @@ def _lookup(name: str) -> Factory | None:
     return _load(ep) if ep is not None else None
 
 
+MAX_NAME = 200  # characters of a task name or module:Class
+MAX_PARAMS_BYTES = 64 * 1024  # a --params JSON: parameters, not data
+MAX_PARAMS_DEPTH = 16  # nesting of a --params JSON; no task nests deeper
+_echo = reprlib.Repr()
+_echo.maxstring, _echo.maxother, _echo.maxlist, _echo.maxdict, _echo.maxlevel = 60, 60, 6, 6, 3
+_short = _echo.repr  # a value echoed in an error: its head, never 100 kB of it
+
+
+def check_task_name(name: object) -> str:
+    """A task name as the user wrote it, checked for shape only (no import): not empty, not
+    absurdly long, and for ``module:Class`` a dotted module path and an attribute name."""
+    if not isinstance(name, str) or not name.strip():
+        raise InputError("task", f"{_short(name)} is not a task name", "give a built-in name (pagerank, cnn, image) or module:Class")
+    if len(name) > MAX_NAME:
+        raise InputError("task", f"the name is {len(name)} characters long (at most {MAX_NAME})", "give a built-in name or module:Class")
+    if ":" in name:
+        mod, _, attr = name.partition(":")
+        if not mod or not all(p.isidentifier() for p in mod.split(".")):
+            raise InputError("task", f"{name!r}: {mod!r} is not a module path", "write module:Class, e.g. mytasks.train:Finetune")
+        if not attr.isidentifier():
+            raise InputError("task", f"{name!r}: {attr!r} is not a class or attribute name", "write module:Class, e.g. mytasks.train:Finetune")
+    return name
+
+
+def parse_params_json(text: str | None) -> dict[str, Any]:
+    """A ``--params`` JSON object: at most :data:`MAX_PARAMS_BYTES` and :data:`MAX_PARAMS_DEPTH`
+    deep (checked before parsing, so thousands of brackets never reach a RecursionError)."""
+    if text is None or not text.strip():
+        return {}
+    if len(text) > MAX_PARAMS_BYTES:
+        raise InputError("params", f"is {len(text):,} characters long (at most {MAX_PARAMS_BYTES:,})",
+                         "give parameters, not data: point a parameter at a file instead")
+    depth = deepest = 0
+    in_str = esc = False
+    for ch in text:  # bracket depth outside strings
+        if in_str:
+            esc, in_str = (False, True) if esc else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    if deepest > MAX_PARAMS_DEPTH:
+        raise InputError("params", f"nests {deepest} levels deep (at most {MAX_PARAMS_DEPTH})", "give a flat JSON object of parameters")
+    try:
+        v = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise InputError("params", f"is not JSON ({getattr(e, 'msg', 'too deep')})", 'write e.g. \'{"n": 1000}\'') from None
+    if not isinstance(v, dict):
+        raise InputError("params", f"{_short(v)} is not a JSON object", 'write e.g. \'{"n": 1000}\'')
+    return v
+
+
+def parse_task_spec(name: object, params: str | dict | None = None, priority: int = 0,
+                    memory_limit_mb: int | None = None) -> TaskSpec:
+    """The one parser of a submitted task (``profile-task``, ``tasks submit``, ``train
+    --side-tasks``, :func:`~flowride.pipeline.attach`): the name's shape, that it resolves, the
+    parameters' size and depth, and that the task accepts them (:func:`check_params`)."""
+    check_task_name(name)
+    resolve(name)  # type: ignore[arg-type]
+    p = parse_params_json(params) if params is None or isinstance(params, str) else params
+    if not isinstance(p, dict):
+        raise InputError("params", f"{_short(p)} is not a mapping", "give a dict of parameters")
+    check_params(name, p)  # type: ignore[arg-type]
+    return TaskSpec(name, p, priority, memory_limit_mb)  # type: ignore[arg-type]
+
+
+def parse_task_list(text: str | None) -> list[str]:
+    """``--side-tasks a,b,c``: each name checked (:func:`check_task_name`, :func:`resolve`); an
+    option given but naming no task is refused, not read as "no side tasks"."""
+    if text is None:
+        return []
+    names = [t.strip() for t in text.split(",")]
+    if not any(names):
+        raise InputError("side_tasks", f"{text!r} names no side task", "give e.g. pagerank,cnn, or leave the option out")
+    for n in names:
+        if not n:
+            raise InputError("side_tasks", f"{_short(text)} has an empty name between commas", "write e.g. pagerank,cnn")
+        check_task_name(n)
+        resolve(n)
+    return names
+
+
 def resolve(name: str) -> Factory:
     """A named task (registered at run time or installed as an entry point: only that one is
     imported), or ``package.module:Attribute`` naming an IterativeTask subclass or an
     ImperativeSpec (how users bring their own tasks without installing them)."""
+    check_task_name(name)
     found = _lookup(name)
     if found is not None:
         return found
@@ -161,7 +249,7 @@ def resolve(name: str) -> Factory:
         try:
             obj = getattr(importlib.import_module(mod), attr)
         except (ImportError, AttributeError) as e:
-            raise InputError("task", f"cannot load {name!r}: {e}", "give module:Class importable here") from None
+            raise InputError("task", f"cannot load {name!r}: {_short(str(e))}", "give module:Class importable here") from None
         if isinstance(obj, ImperativeSpec) or (isinstance(obj, type) and issubclass(obj, IterativeTask)):
             return obj
         raise InputError("task", f"{name!r} is neither an IterativeTask nor an ImperativeSpec", "see flowride.harvest.task")
@@ -189,7 +277,8 @@ def check_params(name: str, params: dict[str, Any]) -> None:
     try:
         factory(**params)
     except (ValueError, TypeError, ArithmeticError) as e:
-        raise InputError("params", str(e), f"see the parameters of {name} in docs/harvest.md") from None
+        msg = str(e)
+        raise InputError("params", msg if len(msg) <= 300 else msg[:300] + "...", f"see the parameters of {name} in docs/harvest.md") from None
 
 
 T = typing.TypeVar("T")
@@ -211,7 +300,7 @@ def parse_params(cls: type[T], params: dict[str, Any], task: str) -> T:
     known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
     unknown = sorted(set(params) - set(known))
     if unknown:
-        raise ValueError(f"{task}: unknown params {unknown}; known: {sorted(known)}")
+        raise ValueError(f"{task}: unknown params {_short(unknown)}; known: {sorted(known)}")
     for name, v in params.items():
         want = hints[name]
         allowed = [a for a in typing.get_args(want)] or [want]
@@ -227,5 +316,5 @@ def parse_params(cls: type[T], params: dict[str, Any], task: str) -> T:
         if not ok:
             names = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string", type(None): "null"}
             kinds = " or ".join(names.get(a, str(a)) for a in allowed)
-            raise ValueError(f"{task}: param {name}={v!r} is not {kinds}")
+            raise ValueError(f"{task}: param {name}={_short(v)} is not {kinds}")
     return cls(**params)

@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from flowride.files import write_json_atomic
-from flowride.harvest.manager import ManagerOptions
+from flowride.harvest.manager_files import PROFILES_FILE, ManagerOptions, read_profiles
 from flowride.harvest.session import HARVEST_MODES, job_params
 from flowride.harvest.store import TaskStore
-from flowride.harvest.supervise import PROFILES_FILE, ManagerProcess
+from flowride.harvest.supervise import ManagerProcess
 from flowride.pipeline import torch_compat as tc
 from flowride.pipeline.events import BubblePublisher
 from flowride.pipeline.reporter import BubbleReporter
@@ -144,7 +144,7 @@ def connect(stage: int, stages: int, run_dir: str | Path = "runs/harvest", side_
     port: int | None = None
     if owner:
         if profiles is None and (run_dir / PROFILES_FILE).exists():
-            profiles = json.loads((run_dir / PROFILES_FILE).read_text())
+            profiles = read_profiles(run_dir)
         store = TaskStore.in_run_dir(run_dir)
         try:
             if side_tasks and not store.unfinished():

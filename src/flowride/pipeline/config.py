@@ -10,8 +10,10 @@ from pathlib import Path
 
 from flowride.errors import InputError
 from flowride.pipeline.torch_compat import SCHEDULE_CLASSES as TORCH_SCHEDULES
+from flowride.ranks import pick_device
 
 ENGINES = ("builtin", "torch")
+RANKS_FILE = "ranks.json"  # in run_dir: every rank's record as rank 0 gathered them, {"config", "ranks"}
 # schedules that hold several model chunks per rank (both engines' names)
 MULTI_CHUNK_SCHEDULES = frozenset({"interleaved", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev"})
 
@@ -69,8 +71,7 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise InputError(f"--{name.replace('_', '-')}", f"{v!r} is not a positive integer", "give 1 or more")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise InputError("--device", f"unknown device {self.device!r}", "use auto, cpu or cuda")
+        pick_device(self.device, field="--device")  # cuda without CUDA: refused before any stage starts
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise InputError("--lr", f"{self.lr} is not a positive number", "give a learning rate above zero")
         if not (isinstance(self.min_bubble_s, (int, float)) and math.isfinite(self.min_bubble_s) and self.min_bubble_s >= 0):

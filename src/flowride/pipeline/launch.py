@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from flowride.files import write_text_atomic
-from flowride.pipeline.config import TrainConfig
+from flowride.pipeline.config import RANKS_FILE, TrainConfig
 from flowride.ranks import JsonLines, RankGroup
 
 
@@ -43,11 +43,13 @@ def _first_failure(run_dir: Path, bad: list[tuple[int, int]]) -> tuple[int, str]
 
 def launch(cfg: TrainConfig, on_progress: Callable[[dict], None] | None = None, wall_timeout: float | None = None,
            extra_env: dict[int, dict[str, str]] | None = None) -> list[dict]:
-    """Run the training; returns each rank's record (rank0.json ...). Raises TrainingFailed."""
+    """Run the training; returns each rank's record, as rank 0 gathered them over torch.distributed
+    and wrote them to ``ranks.json`` (the one way records reach rank 0, with flowride's launcher
+    or a bare torchrun alike). Raises TrainingFailed."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     stale = ("rank*.json", "rank*.pt", "rank*.error", "rank*.log")
-    for old in [f for pat in stale for f in run_dir.glob(pat)] + [run_dir / "progress.jsonl"]:
+    for old in [f for pat in stale for f in run_dir.glob(pat)] + [run_dir / "progress.jsonl", run_dir / RANKS_FILE]:
         old.unlink(missing_ok=True)
     cfg_path = run_dir / "config.json"
     write_text_atomic(cfg_path, cfg.to_json())
@@ -56,7 +58,7 @@ def launch(cfg: TrainConfig, on_progress: Callable[[dict], None] | None = None, 
         ranks.start(lambda rank: [sys.executable, "-m", "flowride.pipeline.worker", str(cfg_path)],
                     lambda rank: ranks.rank_env(rank, cfg.threads, (extra_env or {}).get(rank)))
         _watch(ranks, run_dir, cfg.timeout_s, wall, on_progress)
-    return [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(cfg.stages)]
+    return json.loads((run_dir / RANKS_FILE).read_text())["ranks"]
 
 
 def _watch(ranks: RankGroup, run_dir: Path, peer_timeout_s: float, wall: float,

@@ -12,10 +12,11 @@ announces the bubbles without blocking (see :mod:`flowride.pipeline.events`).
 
 Right after ``init_process_group`` each rank's clock offset to rank 0 is measured
 (:mod:`flowride.clocks`) and every timestamp of the rank's record is moved onto rank 0's clock
-(:func:`shift_record`). The record is written to ``run_dir/rank{r}.json`` (flowride's launcher
-reads those) and gathered to rank 0 over torch.distributed, so a run across nodes needs no shared
-directory: :func:`run_rank` returns every rank's record on rank 0, and rank 0 of a bare
-``torchrun -m flowride.pipeline.worker`` writes them all to ``run_dir/ranks.json``.
+(:func:`shift_record`). Records reach rank 0 one way only: gathered over torch.distributed, so a
+run across nodes needs no shared directory. :func:`run_rank` returns every rank's record on rank
+0, and rank 0 of ``python -m flowride.pipeline.worker`` (started by flowride's launcher or by a
+bare torchrun) writes them all to ``run_dir/ranks.json``, which the launcher reads. Each rank
+also leaves its own ``rank{r}.json`` on its node, a local copy for inspection that nothing reads.
 """
 
 from __future__ import annotations
@@ -33,18 +34,18 @@ import torch
 import torch.distributed as dist
 
 from flowride.clocks import injected_skew, measure_offsets, skewed_clock
-from flowride.errors import InputError
 from flowride.files import write_json_atomic, write_with
-from flowride.pipeline.config import TrainConfig, onoff_blocks
+from flowride.pipeline.config import RANKS_FILE, TrainConfig, onoff_blocks
 from flowride.pipeline.data import TokenSource
 from flowride.pipeline.events import BubblePublisher
 from flowride.pipeline.model import build_pieces, loss_fn, preset
 from flowride.pipeline.reporter import BubbleReporter
 from flowride.pipeline.schedules import build_schedule, gap_types
+from flowride.ranks import check_world, pick_device, rank_and_world
 
 
 def _device(cfg: TrainConfig) -> torch.device:
-    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+    if pick_device(cfg.device, field="--device") == "cuda":  # stages share the node's GPUs by LOCAL_RANK
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count()))
     return torch.device("cpu")
 
@@ -208,10 +209,8 @@ def run_rank(cfg: TrainConfig, on_iteration: Callable[[dict], None] | None = Non
     """This rank's training; returns every rank's record (on rank 0's clock) on rank 0, None on
     the others. ``on_iteration`` gets ``{"iteration", "loss" (None where this rank holds no last
     stage), "seconds"}`` after each iteration."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world != cfg.stages:
-        raise InputError("--stages", f"is {cfg.stages} but {world} processes were started (WORLD_SIZE)",
-                         f"start {cfg.stages} in all (nodes x processes per node), or give --stages {world}")
+    rank, world = rank_and_world()
+    check_world(world, cfg.stages, "--stages", f"start {cfg.stages} in all (nodes x processes per node), or give --stages {world}")
     torch.set_num_threads(cfg.threads)
     if cfg.pin_cores:
         cpus = sorted(os.sched_getaffinity(0))
@@ -329,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         records = run_rank(cfg)
         if records is not None:  # rank 0: every rank's record, whichever node it ran on
-            write_json_atomic(Path(cfg.run_dir) / "ranks.json", {"config": json.loads(cfg.to_json()), "ranks": records})
+            write_json_atomic(Path(cfg.run_dir) / RANKS_FILE, {"config": json.loads(cfg.to_json()), "ranks": records})
     except BaseException as e:
         # leave a timestamped error so the launcher can tell the first failure from its echoes
         import traceback

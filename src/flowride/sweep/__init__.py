@@ -4,8 +4,8 @@ MSCCL algorithms exported per message-size range from such sweeps (:mod:`.ranges
 A floor above :mod:`flowride.api` (it calls the synthesis) and :mod:`flowride.program` (it
 writes MSCCL XML); only the CLI imports it."""
 
+from flowride.sizes import DEFAULT_MAX_LOSS
 from flowride.sweep.ranges import (
-    DEFAULT_MAX_LOSS,
     Candidate,
     RangeAlgo,
     RangePlan,
@@ -20,11 +20,17 @@ from flowride.sweep.ranges import (
     stale_files,
     write_ranges,
 )
-from flowride.sweep.synth import SweepPoint, sweep_sizes_for, synthesize_sweep
+from flowride.sweep.synth import (
+    SweepPoint,
+    sweep_file_name,
+    sweep_files,
+    sweep_sizes_for,
+    synthesize_sweep,
+)
 from flowride.synth.nccl_tuning import NCCL_TUNING_SOURCE, PROTOCOL_RULE, nccl_protocol
 
 __all__ = [
     "DEFAULT_MAX_LOSS", "NCCL_TUNING_SOURCE", "PROTOCOL_RULE", "Candidate", "RangeAlgo", "RangePlan", "SizePick", "SweepPoint",
     "check_export", "check_no_relays", "export_ranges", "export_unit", "gpu_bus_GBps", "nccl_protocol", "plan_ranges", "split_by_loss",
-    "stale_files", "sweep_sizes_for", "synthesize_sweep", "write_ranges",
+    "stale_files", "sweep_file_name", "sweep_files", "sweep_sizes_for", "synthesize_sweep", "write_ranges",
 ]

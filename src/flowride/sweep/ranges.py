@@ -32,11 +32,12 @@ from pathlib import Path
 from flowride.api import retimed
 from flowride.collectives.demand import Collective, make_demand
 from flowride.errors import InputError
-from flowride.files import check_output_dir, write_json_atomic, write_text_atomic
+from flowride.files import check_output_dir, check_output_tree, write_json_atomic, write_text_atomic
 from flowride.program import from_msccl_xml, lower, to_msccl_xml
 from flowride.program.msccl_limits import PROTOS
 from flowride.schedule.ir import Schedule
 from flowride.schedule.metrics import run_bytes
+from flowride.sizes import DEFAULT_MAX_LOSS
 from flowride.sweep.synth import SweepPoint, synthesize_sweep
 from flowride.synth.nccl_tuning import PROTOCOL_RULE, nccl_protocol
 from flowride.synth.options import SynthOptions
@@ -44,8 +45,6 @@ from flowride.synth.result import Progress
 from flowride.topology.group import relay_ranks
 from flowride.topology.model import Topology
 from flowride.units import format_size
-
-DEFAULT_MAX_LOSS = 1.02  # a range's schedule may be at most 2% slower (modelled) than a size's own
 
 
 def gpu_bus_GBps(topo: Topology) -> float:
@@ -137,15 +136,22 @@ class RangePlan:
                       for p in self.picks],
         }
 
-    def markdown(self) -> str:
-        lines = [f"# MSCCL algorithms for {self.collective} on {self.topology} ({self.gpus} GPUs)", "",
-                 "| bytes (minBytes..maxBytes) | file | chunks | epochs | protocol | swept sizes | worst loss | vs NCCL's best |",
-                 "|---|---|---|---|---|---|---|---|"]
+    COLUMNS = ("bytes (minBytes..maxBytes)", "file", "chunks", "epochs", "protocol", "swept sizes", "worst loss", "vs NCCL's best")
+
+    def table_rows(self) -> list[tuple[str, ...]]:
+        """One row of :attr:`COLUMNS` per range: the one table ``ranges.md`` and the CLI both show."""
+        rows = []
         for r in self.ranges:
             hi = "open" if r.max_bytes == 0 else f"{r.max_bytes:,}"
             vs = ", ".join(f"{x['best']} {x['speedup_vs_nccl']:.2f}x" for x in r.nccl) or "-"
-            lines.append(f"| {r.min_bytes:,}..{hi} | {r.file} | {r.chunks} | {r.pick.epoch} | {r.proto} | "
-                         f"{', '.join(format_size(s) for s in r.sizes)} | {r.worst_loss:.3f} | {vs} |")
+            rows.append((f"{r.min_bytes:,}..{hi}", r.file, str(r.chunks), r.pick.epoch, r.proto,
+                         ", ".join(format_size(s) for s in r.sizes), f"{r.worst_loss:.3f}", vs))
+        return rows
+
+    def markdown(self) -> str:
+        lines = [f"# MSCCL algorithms for {self.collective} on {self.topology} ({self.gpus} GPUs)", "",
+                 "| " + " | ".join(self.COLUMNS) + " |", "|" + "---|" * len(self.COLUMNS)]
+        lines += ["| " + " | ".join(row) + " |" for row in self.table_rows()]
         lines += ["", f"Worst loss: the range's schedule at a swept size over that size's own modelled time (at most "
                       f"{self.max_loss:g}; a range is split where it would be more).",
                   "", "vs NCCL's best: per swept size, NCCL's fastest algorithm modelled on the same topology and epochs "
@@ -366,11 +372,13 @@ def check_no_relays(topo: Topology) -> None:
 
 def check_export(topo: Topology, collective: Collective | str, out_dir: str | Path, clean: bool = False) -> None:
     """What would fail only at writing, refused before any synthesis: an unknown collective, a
-    topology with relay nodes (:func:`check_no_relays`), an ``xml/`` folder that already holds
-    files (:func:`stale_files`, unless ``clean``)."""
+    topology with relay nodes (:func:`check_no_relays`), an ``xml/`` that is a file or a
+    ``ranges.json``/``ranges.md`` that is a folder (:func:`~flowride.files.check_output_tree`), an
+    ``xml/`` folder that already holds files (:func:`stale_files`, unless ``clean``)."""
     if not isinstance(collective, Collective):
         Collective.parse(collective)
     check_no_relays(topo)
+    check_output_tree(out_dir, list(RANGE_FILES), "out_dir", dirs=(XML_DIR,))
     stale_files(out_dir, clean)
 
 

@@ -78,6 +78,18 @@ def sweep_sizes_for(topo: Topology, sizes: list[int], chunks: int | str) -> dict
     return out
 
 
+def sweep_file_name(collective: Collective | str, size_bytes: int) -> str:
+    """The file name of one size's schedule in a sweep's output directory."""
+    coll = collective if isinstance(collective, Collective) else Collective.parse(collective)
+    return f"{coll.value}_{size_bytes}B.json"
+
+
+def sweep_files(topo: Topology, collective: Collective | str, sizes: list[int], chunks: int | str) -> list[str]:
+    """Every schedule file a sweep will write (one per rounded size), known before it runs so the
+    output directory can be tried first (:func:`~flowride.files.check_output_tree`)."""
+    return [sweep_file_name(collective, s) for s in sweep_sizes_for(topo, sizes, chunks)]
+
+
 def synthesize_sweep(topo: Topology, collective: Collective | str, sizes: list[int], chunks: int | str = 1,
                      opts: SynthOptions | None = None, progress: Progress | None = None,
                      warm_start: bool = True, nccl: bool = True) -> list[SweepPoint]:
