@@ -129,9 +129,11 @@ def test_pcie_tree_from_pix_pxb_and_sys(tmp_path):
     assert "guessed" not in done.notes[0]
 
 
-def test_pcie_only_matrix_needs_a_generation(tmp_path):
+def test_pcie_only_matrix_guesses_a_pcie_card_and_says_so(tmp_path):
     p = smi(tmp_path, ["X PHB", "PHB X"])
-    assert "--gpu-generation" in error(import_nvidia_smi, p)
+    done = import_nvidia_smi(p)  # no NV cell: a PCIe-only box (L40S, RTX 4090, ...), PCIe Gen4
+    assert "l40s" in done.notes[0] and "guessed" in done.notes[0] and "--gpu-generation" in done.notes[0]
+    assert {lk.bandwidth_GBps for lk in done.topology.links} == {32.0}
     t = import_nvidia_smi(p, generation="h100").topology
     assert len(t.switches) == 1 and {lk.bandwidth_GBps for lk in t.links} == {64.0}
 
@@ -254,8 +256,8 @@ def test_bad_xml_documents(tmp_path):
     p.write_text('<system><cpu arch="x86_64"></cpu></system>')
     assert "'numaid'" in error(import_nccl_xml, p)
     assert "sm 80, 90" in error(import_nccl_xml, xml(tmp_path, two_gpus("", "").replace('sm="80"', 'sm="90"', 1)))
-    assert "sm 86" in error(import_nccl_xml, xml(tmp_path, two_gpus("", "", sm="86")))
-    t = import_nccl_xml(xml(tmp_path, two_gpus("", "", sm="86")), generation="a100").topology
+    assert "sm 75" in error(import_nccl_xml, xml(tmp_path, two_gpus("", "", sm="75")))
+    t = import_nccl_xml(xml(tmp_path, two_gpus("", "", sm="75")), generation="a100").topology
     assert [nd.label for nd in t.nodes] == ["0000:01:00.0", "0000:02:00.0", "cpu0"]  # PCIe alone joins them
 
 

@@ -56,19 +56,25 @@ def cmd_topologies(a: argparse.Namespace) -> int:
 IMPORT_OPTIONS = {"gpu_generation": "--gpu-generation", "link_table": "--link-table", "nvlink_only": "--nvlink-only"}
 
 
+IMPORT_FLAGS = {"from_nvidia_smi": "--from-nvidia-smi", "from_nccl_xml": "--from-nccl-xml", "from_rocm_smi": "--from-rocm-smi"}
+
+
 def import_topology(a: argparse.Namespace):
-    """(topology, notes) from --from-nvidia-smi or --from-nccl-xml; the options that shape only a
-    built-in are refused rather than ignored."""
+    """(topology, notes) from --from-nvidia-smi, --from-nccl-xml or --from-rocm-smi; the options
+    that shape only a built-in are refused rather than ignored."""
     from flowride.topology.builtins import TOPOLOGY_PARAMS
     from flowride.topology.nccl_xml import import_nccl_xml
     from flowride.topology.nvsmi import import_nvidia_smi
+    from flowride.topology.rocm_smi import import_rocm_smi
 
-    flag = "--from-nvidia-smi" if a.from_nvidia_smi else "--from-nccl-xml"
+    dest = next(k for k in IMPORT_FLAGS if getattr(a, k, None))
+    flag = IMPORT_FLAGS[dest]
     for k in TOPOLOGY_PARAMS:
         if getattr(a, k) is not None:
             raise InputError(f"--{k.replace('_', '-')}", f"does not apply to {flag}", "it shapes a built-in; --link-table prices an imported machine")
-    importer, path = (import_nvidia_smi, a.from_nvidia_smi) if a.from_nvidia_smi else (import_nccl_xml, a.from_nccl_xml)
-    with as_options(from_nvidia_smi="--from-nvidia-smi", from_nccl_xml="--from-nccl-xml", switch_copy="--switch-copy", **IMPORT_OPTIONS):
+    importer = {"from_nvidia_smi": import_nvidia_smi, "from_nccl_xml": import_nccl_xml, "from_rocm_smi": import_rocm_smi}[dest]
+    path = getattr(a, dest)
+    with as_options(switch_copy="--switch-copy", **IMPORT_FLAGS, **IMPORT_OPTIONS):
         done = importer(path, a.gpu_generation, a.link_table, a.nvlink_only)
         topo = done.topology
         if a.switch_copy is not None:  # it would set PCIe switches and CPU sockets too, which never replicate
@@ -80,15 +86,15 @@ def import_topology(a: argparse.Namespace):
 def cmd_topology(a: argparse.Namespace) -> int:
     from flowride.topology import save_topology
 
-    given = [f for f, v in (("--topology", a.topology), ("--from-nvidia-smi", a.from_nvidia_smi), ("--from-nccl-xml", a.from_nccl_xml)) if v]
+    given = [f for f, v in (("--topology", a.topology), *((flag, getattr(a, k)) for k, flag in IMPORT_FLAGS.items())) if v]
     if len(given) != 1:
         raise InputError(given[1] if given else "--topology", f"cannot be given with {given[0]}" if given else "is missing",
-                         "give exactly one of -t/--topology, --from-nvidia-smi, --from-nccl-xml")
+                         f"give exactly one of -t/--topology, {', '.join(IMPORT_FLAGS.values())}")
     notes: tuple[str, ...] = ()
     if a.topology:
         extra = [flag for k, flag in IMPORT_OPTIONS.items() if getattr(a, k)]
         if extra:
-            raise InputError(extra[0], "applies only to --from-nvidia-smi and --from-nccl-xml", f"leave it out with -t {a.topology}")
+            raise InputError(extra[0], f"applies only to {', '.join(IMPORT_FLAGS.values())}", f"leave it out with -t {a.topology}")
         topo = load_topology(a)
     else:
         topo, notes = import_topology(a)
@@ -114,10 +120,13 @@ def add_topologies(sub) -> None:
                     "prints (docs/topology-import.md)")
     tp.add_argument("--from-nccl-xml", metavar="FILE", help="instead of -t: read the machine from NCCL's topology XML "
                     "(the file NCCL_TOPO_DUMP_FILE writes)")
-    tp.add_argument("--gpu-generation", metavar="GEN", help="with --from-*: v100, a100 or h100, whose link table prices the links "
-                    "(default: guessed from the NV# counts or the XML's sm, and said)")
+    tp.add_argument("--from-rocm-smi", metavar="FILE", help="instead of -t: read an AMD machine from the text "
+                    "`rocm-smi --showtopo` prints (MI300X, MI250)")
+    tp.add_argument("--gpu-generation", metavar="GEN", help="with --from-*: the GPU whose link table prices the links: v100, a100, "
+                    "h100, h200, h20, h800, a800, b200, b300, gb200, a6000, rtx3090, l40s, l4, rtx4090, rtx6000ada, mi300x, mi250 "
+                    "(default: guessed from a GPU name in the file, the NV# counts, the XML's sm or the xGMI graph, and said)")
     tp.add_argument("--link-table", metavar="FILE", help='with --from-*: a JSON file overriding table entries, '
                     'e.g. {"sys": {"bandwidth_GBps": 30, "alpha_us": 2}}')
-    tp.add_argument("--nvlink-only", action="store_true", help="with --from-*: keep only NVLink and NVSwitch links "
-                    "(no PCIe switches or CPUs)")
+    tp.add_argument("--nvlink-only", action="store_true", help="with --from-*: keep only the GPU fabric (NVLink, NVSwitch, "
+                    "xGMI; no PCIe switches or CPUs)")
     tp.set_defaults(func=cmd_topology)

@@ -1,17 +1,19 @@
 """What each kind of link costs per GPU generation, and the builder the importers price links with.
 
-`nvidia-smi topo -m` and NCCL's topology XML say *which* links a machine has (NVLink counts, PCIe
-bridges, host bridges, CPU sockets) but not their bandwidth or latency, so both importers
-(``nvsmi.py``, ``nccl_xml.py``) price every link from one small table per GPU generation. The
-numbers are nominal (datasheet rates, decimal GB/s per direction), not measured; alphas come from
-the built-in presets where those have one (``NVLINK_ALPHA``, the DGX-2 and H100 NVSwitch hops) and
+`nvidia-smi topo -m`, NCCL's topology XML and `rocm-smi --showtopo` say *which* links a machine
+has (NVLink counts, PCIe bridges, host bridges, CPU sockets) but not their bandwidth or latency, so
+the importers (``nvsmi.py``, ``nccl_xml.py``, ``rocm_smi.py``) price every link from one table per
+GPU generation, built here from ``gpu_specs.SPECS`` (each figure cited there). The numbers are
+nominal (datasheet rates, decimal GB/s per direction), not measured; alphas come from the built-in
+presets where those have one (``NVLINK_ALPHA``, the DGX-2 and H100 NVSwitch hops, MI250's xGMI) and
 are stated assumptions otherwise. ``--link-table FILE`` overrides any entry. docs/topology-import.md
 gives the table with its sources.
 
-Link kinds (the table's keys):
+Link kinds (the table's keys; a generation has only those it has):
 
 - ``nvlink``: one NVLink between two GPUs, per link (an NV2 cell is 2 x this);
 - ``nvswitch``: one NVLink from a GPU into the NVSwitch fabric, per link, alpha per hop;
+- ``xgmi``: one AMD Infinity Fabric (xGMI) link between two GPUs, per link;
 - ``pcie``: a x16 PCIe link of the generation (GPU or switch to a PCIe switch or host bridge);
 - ``node``: into a CPU socket (NUMA node) from its host bridges, GPUs or PCIe switches;
 - ``sys``: between CPU sockets (QPI / UPI / xGMI).
@@ -28,22 +30,25 @@ import networkx as nx
 from flowride.errors import InputError
 from flowride.files import read_json
 from flowride.sizes import MAX_ALPHA_US, MAX_BANDWIDTH_GBPS
-from flowride.topology.builtins import DGX2_NVSWITCH_ALPHA, H100_NVLINK_ALPHA, NVLINK_ALPHA
+from flowride.topology.builtins import (
+    DGX2_NVSWITCH_ALPHA,
+    H100_NVLINK_ALPHA,
+    MI250_XGMI_ALPHA,
+    NVLINK_ALPHA,
+)
+from flowride.topology.gpu_specs import SPECS, GpuSpec, spec
 from flowride.topology.model import Link, Node, Topology
 
 US = 1e-6
 PCIE_ALPHA = 1.0 * US  # assumed: one PCIe hop (no built-in has one)
 SYS_ALPHA = 1.5 * US  # assumed: a crossing between CPU sockets
-LINK_KINDS = ("nvlink", "nvswitch", "pcie", "node", "sys")
-NVLINK_KINDS = frozenset({"nvlink", "nvswitch"})
-SCALAR_KEYS = ("nvlinks_per_gpu", "nvswitch_copy")
-# compute capability (the XML's sm attribute) -> generation
-SM_GENERATION = {70: "v100", 80: "a100", 90: "h100"}
+LINK_KINDS = ("nvlink", "nvswitch", "xgmi", "pcie", "node", "sys")
+NVLINK_KINDS = frozenset({"nvlink", "nvswitch", "xgmi"})  # the GPU fabric: what --nvlink-only keeps
 
 
 @dataclass(frozen=True)
 class LinkCost:
-    bandwidth_GBps: float  # per direction; per link for nvlink and nvswitch
+    bandwidth_GBps: float  # per direction; per link for nvlink, nvswitch and xgmi
     alpha_s: float
 
     @property
@@ -53,45 +58,52 @@ class LinkCost:
 
 @dataclass(frozen=True)
 class LinkTable:
-    """One generation's prices: a :class:`LinkCost` per link kind, the NVLinks one GPU has (which
-    tells a bonded direct link from a port into NVSwitch), and whether its NVSwitch replicates."""
+    """One generation's prices: a :class:`LinkCost` per link kind it has, the GPU-to-GPU links one
+    GPU has (which tells a bonded direct link from a port into NVSwitch), whether its NVSwitch
+    replicates, and ``fabric``, the kind of its GPU-to-GPU links (``nvlink``, ``xgmi``, or ""
+    for a PCIe-only card)."""
 
     generation: str
     costs: dict[str, LinkCost]
-    nvlinks_per_gpu: int
+    nvlinks_per_gpu: int  # GPU-to-GPU links (NVLink or xGMI) per GPU
     nvswitch_copy: bool
+    fabric: str = "nvlink"
+    vendor: str = "nvidia"
 
     def cost(self, kind: str) -> LinkCost:
+        if kind not in self.costs:
+            raise InputError("gpu_generation", f"a {self.generation} GPU has no {kind} links",
+                             "give the generation of the GPUs in the file (--gpu-generation NAME)")
         return self.costs[kind]
 
-
-def _table(gen: str, nvswitch_alpha_s: float, links: int, copy: bool, pcie: float, sys: float) -> LinkTable:
-    costs = {
-        "nvlink": LinkCost(25.0, NVLINK_ALPHA),
-        "nvswitch": LinkCost(25.0, nvswitch_alpha_s),
-        "pcie": LinkCost(pcie, PCIE_ALPHA),
-        "node": LinkCost(pcie, PCIE_ALPHA),
-        "sys": LinkCost(sys, SYS_ALPHA),
-    }
-    return LinkTable(gen, costs, links, copy)
+    @property
+    def scalar_keys(self) -> tuple[str, ...]:
+        """The ``--link-table`` keys besides link kinds that this table takes."""
+        return {"nvlink": ("nvlinks_per_gpu", "nvswitch_copy"), "xgmi": ("xgmi_links_per_gpu",)}.get(self.fabric, ())
 
 
-# NVLink 2/3/4 all run 25 GB/s per link per direction; V100 has 6 links, A100 12, H100 18.
-# PCIe x16 per direction, nominal: gen3 16, gen4 32, gen5 64 GB/s. Inter-socket: nominal.
-# NVSwitch copy: only third-generation NVSwitch (H100, NVLS) replicates, as in the built-ins.
-GENERATIONS: dict[str, LinkTable] = {
-    "v100": _table("v100", DGX2_NVSWITCH_ALPHA, 6, False, pcie=16.0, sys=20.0),
-    "a100": _table("a100", H100_NVLINK_ALPHA, 12, False, pcie=32.0, sys=40.0),
-    "h100": _table("h100", H100_NVLINK_ALPHA, 18, True, pcie=64.0, sys=40.0),
-}
+def _table(s: GpuSpec) -> LinkTable:
+    """The link table of one spec: its fabric's links, PCIe and the CPU fabric at its PCIe
+    generation's x16 rate, and the inter-socket link of its era (20 GB/s for Gen3 hosts, else 40)."""
+    costs: dict[str, LinkCost] = {}
+    if s.fabric == "nvlink":
+        costs["nvlink"] = LinkCost(s.link_GBps, NVLINK_ALPHA)
+        costs["nvswitch"] = LinkCost(s.link_GBps, DGX2_NVSWITCH_ALPHA if s.name == "v100" else H100_NVLINK_ALPHA)
+    elif s.fabric == "xgmi":
+        costs["xgmi"] = LinkCost(s.link_GBps, MI250_XGMI_ALPHA)
+    costs["pcie"] = LinkCost(s.pcie_GBps, PCIE_ALPHA)
+    costs["node"] = LinkCost(s.pcie_GBps, PCIE_ALPHA)
+    costs["sys"] = LinkCost(20.0 if s.pcie_gen <= 3 else 40.0, SYS_ALPHA)
+    return LinkTable(s.name, costs, s.links, s.switch_copy, s.fabric, s.vendor)
+
+
+# Every generation of gpu_specs.SPECS (each with its source there), in its order: v100, a100, h100, ...
+GENERATIONS: dict[str, LinkTable] = {s.name: _table(s) for s in SPECS}
 
 
 def generation_table(name: str) -> LinkTable:
-    """The table of ``name`` (v100, a100, h100); an unknown name lists the known ones."""
-    table = GENERATIONS.get(str(name).lower())
-    if table is None:
-        raise InputError("gpu_generation", f"unknown generation {name!r}", f"use one of {', '.join(GENERATIONS)}")
-    return table
+    """The table of ``name`` (v100, a100, h100, ...); an unknown name lists the known ones."""
+    return GENERATIONS[spec(name).name]
 
 
 def _number(value: object, where: str, lo: float, hi: float, what: str) -> float:
@@ -108,14 +120,14 @@ def apply_link_table(table: LinkTable, data: object, where: str = "link_table") 
     errors naming the key (``where`` prefixes it) and listing the known ones."""
     if not isinstance(data, dict):
         raise InputError(where, "is not a JSON object", '{"sys": {"bandwidth_GBps": 30}} overrides one entry')
-    known = (*LINK_KINDS, *SCALAR_KEYS)
+    known = (*table.costs, *table.scalar_keys)
     costs = dict(table.costs)
     links, copy = table.nvlinks_per_gpu, table.nvswitch_copy
     for key, value in data.items():
         at = f"{where}: {key}"
         if key not in known:
-            raise InputError(at, f"unknown key {key!r}", f"known keys: {', '.join(known)}")
-        if key == "nvlinks_per_gpu":
+            raise InputError(at, f"unknown key {key!r}", f"known keys: {', '.join(known)} (those of {table.generation})")
+        if key in ("nvlinks_per_gpu", "xgmi_links_per_gpu"):
             links = int(_number(value, at, 1, 1024, "links"))
             if links != value:
                 raise InputError(at, f"{value!r} is not a whole number", "give the NVLinks one GPU has, e.g. 18")
@@ -242,12 +254,18 @@ class Imported:
 
 
 
-def choose_table(generation: str | None, guessed: tuple[str, str] | None, link_table: str | Path | None) -> tuple[LinkTable, str]:
-    """The priced table and the note saying where it came from: ``generation`` when given, else
-    the importer's ``guessed`` (name, reason); then ``link_table``'s overrides."""
+def choose_table(generation: str | None, guessed: tuple[str, str] | None, link_table: str | Path | None,
+                 vendor: str = "nvidia") -> tuple[LinkTable, str]:
+    """The priced table and the note saying where it came from: ``generation`` when given (of
+    ``vendor``, whose tool wrote the file), else the importer's ``guessed`` (name, reason); then
+    ``link_table``'s overrides."""
     if generation is not None:
         table = generation_table(generation)
-        note = f"GPU generation {table.generation} (given)"
+        if table.vendor != vendor:
+            mine = ", ".join(s.name for s in SPECS if s.vendor == vendor)
+            raise InputError("gpu_generation", f"{table.generation} is not an {vendor.upper()} GPU; the file describes "
+                             f"{vendor.upper()} GPUs", f"use one of {mine}")
+        note = f"GPU generation {table.generation} (given: {spec(table.generation).title})"
     elif guessed is not None:
         table, note = generation_table(guessed[0]), guessed[1]
     else:

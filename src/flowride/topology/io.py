@@ -134,7 +134,7 @@ def load_topology(path: str | Path) -> Topology:
 
 def _import_hint(path: str | Path) -> tuple[str, str] | None:
     """What a file that is not JSON looks like, where an importer reads it: an ``nvidia-smi topo -m``
-    matrix or an NCCL topology XML dump (read as text, the first 64 KiB)."""
+    matrix, an NCCL topology XML dump or ``rocm-smi --showtopo`` text (read as text, the first 64 KiB)."""
     try:
         with open(path, errors="replace") as f:
             head = f.read(65536)
@@ -142,6 +142,8 @@ def _import_hint(path: str | Path) -> tuple[str, str] | None:
         return None
     if "<system" in head or head.lstrip().startswith("<?xml"):
         return "an NCCL topology XML dump", "--from-nccl-xml"
+    if "Link Type between two GPUs" in head or "Weight between two GPUs" in head or "ROCm System Management Interface" in head:
+        return "rocm-smi --showtopo output", "--from-rocm-smi"
     if "GPU0" in head and (" X " in head or "\tX\t" in head or "Legend" in head):
         return "an nvidia-smi topo -m matrix", "--from-nvidia-smi"
     return None

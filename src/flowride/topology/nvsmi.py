@@ -14,26 +14,31 @@ How the graph is built (docs/topology-import.md has the why):
 - PCIe: the PCIe cells of GPUs *and* NICs are read as one tree (an NV# cell hides the PCIe
   relation of its pair, so a NIC both GPUs are ``PIX`` to tells that they share a switch). A PCIe
   switch joins each ``PIX`` (then each ``PXB``) group, a host bridge each ``PHB`` group, a CPU
-  socket each ``NODE`` group; sockets are the fewest the ``SYS`` cells allow (same CPU affinity
-  counts as one socket), joined by inter-socket links. NICs inform the tree and are then left out.
+  socket each ``NODE`` group; sockets are the fewest the ``SYS`` cells allow (the same NUMA
+  affinity, else CPU affinity, is one NUMA node), joined by inter-socket links. NICs inform the
+  tree and are then left out.
+- the ``NUMA Affinity`` column outranks ``SYS`` between two GPUs it puts on one node (a VM's
+  matrix may read SYS everywhere): read as NODE, and noted; a closer cell between GPUs it puts
+  on two nodes contradicts it and is an error.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flowride.errors import InputError
 from flowride.files import read_text
 from flowride.topology.generations import (
-    GENERATIONS,
     TOO_BIG,
     Fabric,
     Imported,
     LinkTable,
     choose_table,
 )
+from flowride.topology.gpu_specs import by_links, named_in, pcie_only
+from flowride.topology.placing import place_gpu_links
 
 LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # closest to farthest
 LEVEL_KIND = {"PIX": "pcie", "PXB": "pcie", "PHB": "pcie", "NODE": "node"}
@@ -46,18 +51,21 @@ _NV = re.compile(r"^NV(\d+)$")
 _ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|\[[0-9;]*m")  # bold/underline codes, with or without the ESC
 _AFFINITY = re.compile(r"^(\d[\d,\-]*|N/A)$")
 _STOP = {"CPU", "NUMA", "GPU", "Affinity"}  # the trailing column names: CPU Affinity, NUMA Affinity, GPU NUMA ID
+_TRAILING = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 
 
 @dataclass(frozen=True)
 class Matrix:
     """The parsed matrix: device names in header order, the cells (row, column) -> token (NV#,
-    a level, or X), the line each row came from, and each GPU row's CPU affinity when printed."""
+    a level, or X), the line each row came from, each GPU row's CPU affinity and NUMA affinity
+    when printed (not N/A)."""
 
     path: str
     devices: tuple[str, ...]
     cells: dict[tuple[int, int], str]
     row_line: dict[int, int]
     affinity: dict[int, str]
+    numa: dict[int, str] = field(default_factory=dict)
 
     @property
     def gpus(self) -> list[int]:
@@ -85,8 +93,9 @@ def _nv(token: str) -> int:
     return int(token[2:]) if token.startswith("NV") else 0
 
 
-def _header(lines: list[str], path: str) -> tuple[int, list[str], bool]:
-    """(index of the header line, device columns, whether a CPU/NUMA affinity column follows)."""
+def _header(lines: list[str], path: str) -> tuple[int, list[str], list[str]]:
+    """(index of the header line, device columns, the trailing columns: CPU Affinity, NUMA
+    Affinity, GPU NUMA ID, in the order printed)."""
     for i, line in enumerate(lines):
         toks = line.split()
         if toks and _GPU.match(toks[0]) and (len(toks) == 1 or _token(toks[1]) is None):
@@ -95,8 +104,14 @@ def _header(lines: list[str], path: str) -> tuple[int, list[str], bool]:
                 if t in _STOP:
                     break
                 devices.append(t)
-            rest = toks[len(devices):]
-            return i, devices, bool(rest) and rest[0] in ("CPU", "NUMA")
+            rest, trailing = " ".join(toks[len(devices):]), []
+            while rest:
+                col = next((c for c in _TRAILING if rest.startswith(c)), None)
+                if col is None:
+                    break
+                trailing.append(col)
+                rest = rest[len(col):].lstrip()
+            return i, devices, trailing
     raise InputError(path, "no header row naming GPU0, GPU1, ... was found: the matrix has no GPUs",
                      "give the text `nvidia-smi topo -m` prints, header row included")
 
@@ -106,7 +121,7 @@ def parse_matrix(text: str, path: str) -> Matrix:
     and column (an unknown token, a ragged row, a GPU block that is not square)."""
     lines = [_ESCAPES.sub("", ln).rstrip("\r\n") for ln in text.splitlines()]
     lines = ["" if ln.lstrip().startswith("#") else ln for ln in lines]
-    h, devices, has_affinity = _header(lines, path)
+    h, devices, trailing = _header(lines, path)
     where_h = f"{path} line {h + 1}"
     if len(devices) > MAX_DEVICES:
         raise InputError(where_h, f"{len(devices)} devices, over the limit of {MAX_DEVICES}", "give one machine's matrix")
@@ -119,6 +134,7 @@ def parse_matrix(text: str, path: str) -> Matrix:
     cells: dict[tuple[int, int], str] = {}
     row_line: dict[int, int] = {}
     affinity: dict[int, str] = {}
+    numa: dict[int, str] = {}
     for ln_no, line in enumerate(lines[h + 1:], start=h + 2):
         toks = line.split()
         if not toks:
@@ -148,13 +164,17 @@ def parse_matrix(text: str, path: str) -> Matrix:
         if len(rest) > n and _token(rest[n]) is not None:
             raise InputError(at, f"has more cells than the {n} devices the header names: a ragged row",
                              "every row needs one cell per column of the header")
-        if has_affinity and len(rest) > n and rest[n] != "N/A" and _GPU.match(name):
-            affinity[r] = rest[n]
+        for col, value in zip(trailing, rest[n:], strict=False):
+            if _GPU.match(name) and value != "N/A":
+                if col == "CPU Affinity":
+                    affinity[r] = value
+                elif col == "NUMA Affinity" and value.isdigit():
+                    numa[r] = value
     missing = [d for d in gpu_cols if index[d] not in row_line]
     if missing:
         raise InputError(path, f"the GPU block is not square: {len(gpu_cols)} GPU columns but no row for {', '.join(missing)}",
                          "give every GPU one row and one column")
-    m = Matrix(path, tuple(devices), cells, row_line, affinity)
+    m = Matrix(path, tuple(devices), cells, row_line, affinity, numa)
     _check_cells(m)
     return m
 
@@ -184,27 +204,23 @@ def _uniform_nv(m: Matrix) -> int | None:
     return counts.pop() if len(counts) == 1 and 0 not in counts else None
 
 
-def guess_generation(m: Matrix) -> tuple[str, str]:
-    """The smallest generation whose NVLinks per GPU hold every GPU's NV cells as direct links;
-    failing that, the smallest whose NVSwitch ports hold a uniform NV#; with the reason."""
+def guess_generation(m: Matrix, text: str = "") -> tuple[str, str]:
+    """A GPU name in ``text`` (``nvidia-smi -L`` lines or a comment pasted with the matrix) when
+    there is one; else from the NV counts (gpu_specs.by_links: the first generation whose NVLinks
+    hold every GPU's NV cells as direct links, failing that the NV# every pair shares as NVSwitch
+    ports); a matrix without NV cells is a PCIe-only box. The reason always says it is a guess."""
+    named = named_in(text, "nvidia")
+    if named is not None:
+        return named
     g = m.gpus
     sums = [sum(_nv(m.cells[(i, j)]) for j in g if j != i) for i in g]
     if not any(sums):
-        raise InputError("gpu_generation", "cannot be guessed: the matrix has no NV# cell", f"give --gpu-generation {'|'.join(GENERATIONS)}")
-    for name, t in GENERATIONS.items():
-        if max(sums) <= t.nvlinks_per_gpu:
-            return name, (f"GPU generation {name} (guessed: at most {max(sums)} NVLinks per GPU as direct links; "
-                          f"{name} has {t.nvlinks_per_gpu}; give --gpu-generation to choose)")
-    k = _uniform_nv(m)
-    for name, t in GENERATIONS.items():
-        if k is not None and k <= t.nvlinks_per_gpu:
-            return name, (f"GPU generation {name} (guessed: every GPU pair is NV{k}, {k} NVLinks per GPU into NVSwitch; "
-                          f"{name} has {t.nvlinks_per_gpu}; give --gpu-generation to choose)")
-    raise InputError("gpu_generation", f"cannot be guessed: a GPU has {max(sums)} NVLinks, more than any table holds",
-                     "give --gpu-generation and a --link-table with nvlinks_per_gpu")
+        return pcie_only()
+    return by_links(max(sums), _uniform_nv(m))
 
 
 def _add_nvlink(m: Matrix, fab: Fabric, table: LinkTable, notes: list[str]) -> None:
+    """NV# cells as direct links, or, under the NVSwitch rule, as ports into one switch node."""
     g = m.gpus
     L = table.nvlinks_per_gpu
     k = _uniform_nv(m)
@@ -212,22 +228,13 @@ def _add_nvlink(m: Matrix, fab: Fabric, table: LinkTable, notes: list[str]) -> N
         if k > L:
             raise InputError(m.where(g[0], g[1]), f"every GPU pair is NV{k}, more than the {L} NVLinks of a {table.generation} GPU",
                              "give the right --gpu-generation, or nvlinks_per_gpu in a --link-table")
-        sw = fab.switch("nvswitch", copy=table.nvswitch_copy)
-        for rank in range(len(g)):
-            fab.both(rank, sw, "nvswitch", count=k)
         bw = k * table.cost("nvswitch").bandwidth_GBps
-        notes.append(f"NVSwitch: every GPU pair is NV{k} and {k} x {len(g) - 1} peers > {L} NVLinks per GPU, so one "
-                     f"NVSwitch node, {bw:g} GB/s per GPU each way (copy={'on' if table.nvswitch_copy else 'off'})")
+        why = (f"NVSwitch: every GPU pair is NV{k} and {k} x {len(g) - 1} peers > {L} NVLinks per GPU, so one "
+               f"NVSwitch node, {bw:g} GB/s per GPU each way (copy={'on' if table.nvswitch_copy else 'off'})")
+        place_gpu_links(fab, table, {}, [k] * len(g), lambda r: m.where(g[r]), notes, switch_note=why)
         return
-    for a, i in enumerate(g):
-        total = sum(_nv(m.cells[(i, j)]) for j in g if j != i)
-        if total > L:
-            raise InputError(m.where(i), f"its NV cells add up to {total} NVLinks, more than the {L} of a {table.generation} GPU",
-                             "give the right --gpu-generation, or nvlinks_per_gpu in a --link-table")
-        for b in range(a + 1, len(g)):
-            count = _nv(m.cells[(i, g[b])])
-            if count:
-                fab.both(a, b, "nvlink", count=count)
+    direct = {(a, b): _nv(m.cells[(i, g[b])]) for a, i in enumerate(g) for b in range(a + 1, len(g)) if _nv(m.cells[(i, g[b])])}
+    place_gpu_links(fab, table, direct, [0] * len(g), lambda r: m.where(g[r]), notes)
 
 
 # ------------------------------------------------------------------------------------ PCIe
@@ -258,13 +265,47 @@ class _Groups:
         return ra != rb and any((min(x, y), max(x, y)) in far for x in self.members[ra] for y in self.members[rb])
 
 
-def _partitions(m: Matrix) -> list[list[frozenset[int]]] | None:
+def _numa(m: Matrix, known: dict[tuple[int, int], int], notes: list[str]) -> None:
+    """The cells against the NUMA Affinity column: SYS between two GPUs of one NUMA node (a VM's
+    matrix can read SYS everywhere) is read as NODE, and noted; a cell closer than SYS between GPUs
+    of different NUMA nodes contradicts it (NODE and closer are within one NUMA node) and is an error."""
+    moved: list[str] = []
+    for (i, j), lv in sorted(known.items()):
+        if i not in m.numa or j not in m.numa:
+            continue
+        if m.numa[i] == m.numa[j] and LEVELS[lv] == "SYS":
+            known[(i, j)] = LEVELS.index("NODE")
+            moved.append(f"{m.devices[i]}-{m.devices[j]}")
+        elif m.numa[i] != m.numa[j] and LEVELS[lv] != "SYS":
+            raise InputError(m.where(i, j), f"says {LEVELS[lv]}, within one NUMA node, but the NUMA Affinity column puts "
+                             f"{m.devices[i]} on node {m.numa[i]} and {m.devices[j]} on node {m.numa[j]}",
+                             "the two contradict: fix the cell or the NUMA Affinity column")
+    if moved:  # a NIC close to a GPU of a NUMA node is on that node: its SYS cells to the node's GPUs go too
+        sys_level, node_level = LEVELS.index("SYS"), LEVELS.index("NODE")
+        for nic in (d for d in range(len(m.devices)) if d not in m.numa):
+            near = {m.numa[g] for g in m.numa if known.get((min(nic, g), max(nic, g)), sys_level) < sys_level}
+            for g in m.numa:
+                p = (min(nic, g), max(nic, g))
+                if m.numa[g] in near and known.get(p) == sys_level:
+                    known[p] = node_level
+        nodes: dict[str, list[str]] = {}
+        for r, v in sorted(m.numa.items()):
+            nodes.setdefault(v, []).append(m.devices[r])
+        where = "; ".join(f"node {v}: {', '.join(ds)}" for v, ds in nodes.items())
+        notes.append(f"NUMA: the matrix says SYS between {len(moved)} GPU pair(s) its NUMA Affinity column puts on one NUMA "
+                     f"node ({', '.join(moved[:4])}{' ...' if len(moved) > 4 else ''}); the column wins: one CPU node per "
+                     f"NUMA node ({where})")
+
+
+def _partitions(m: Matrix, notes: list[str]) -> list[list[frozenset[int]]] | None:
     """The GPU groups at PIX, PXB, PHB and NODE (each a partition of the GPUs), or None when the
-    matrix says nothing about PCIe (every GPU pair NV#, no NIC column, no CPU affinity)."""
+    matrix says nothing about PCIe (every GPU pair NV#, no NIC column, no CPU or NUMA affinity)."""
     gpus = sorted(m.gpus)
     known = {(min(r, c), max(r, c)): LEVELS.index(t) for (r, c), t in m.cells.items() if t in LEVELS}
-    if not any(r in m.gpus or c in m.gpus for r, c in known) and len(m.affinity) < 2:
+    if not any(r in m.gpus or c in m.gpus for r, c in known) and len(m.affinity) < 2 and len(m.numa) < 2:
         return None
+    _numa(m, known, notes)
+    node_of = m.numa if len(m.numa) >= 2 else m.affinity  # what puts GPUs on one NUMA node
     groups = _Groups(len(m.devices))
     out: list[list[frozenset[int]]] = []
     for level in range(len(LEVELS) - 1):
@@ -277,13 +318,13 @@ def _partitions(m: Matrix) -> list[list[frozenset[int]]] | None:
                                  f"{m.devices[i]} and {m.devices[j]} through other devices: the PCIe cells are not a tree",
                                  "check the PCIe cells of these two devices")
         if LEVELS[level] == "NODE":
-            # CPU affinity: the same one is one NUMA node, different ones are different nodes;
-            # then the fewest sockets the SYS cells allow (greedy, in GPU order)
+            # NUMA (else CPU) affinity: the same one is one NUMA node, different ones are different
+            # nodes; then the fewest sockets the SYS cells allow (greedy, in GPU order)
             far = {p for p, lv in known.items() if lv > level}
             unknown = [(i, j) for i in gpus for j in gpus if i < j and (i, j) not in known]
-            far |= {(i, j) for i, j in unknown if i in m.affinity and j in m.affinity and m.affinity[i] != m.affinity[j]}
+            far |= {(i, j) for i, j in unknown if i in node_of and j in node_of and node_of[i] != node_of[j]}
             for i, j in unknown:
-                if m.affinity.get(i, "") == m.affinity.get(j, "-") and not groups.clash(i, j, far):
+                if node_of.get(i, "") == node_of.get(j, "-") and not groups.clash(i, j, far):
                     groups.union(i, j)
             for v in gpus:
                 for u in gpus:
@@ -295,7 +336,7 @@ def _partitions(m: Matrix) -> list[list[frozenset[int]]] | None:
 
 
 def _add_pcie(m: Matrix, fab: Fabric, notes: list[str]) -> None:
-    parts = _partitions(m)
+    parts = _partitions(m, notes)
     if parts is None:
         notes.append("PCIe: not modelled; the matrix says nothing of it (every GPU pair is NV#, no NIC column, no CPU affinity)")
         return
@@ -331,11 +372,12 @@ def import_nvidia_smi(path: str | Path, generation: str | None = None, link_tabl
                       nvlink_only: bool = False) -> Imported:
     """The topology the ``nvidia-smi topo -m`` text at ``path`` describes (docs/topology-import.md).
 
-    ``generation`` (v100, a100, h100) picks the link prices, guessed from the NV counts when
-    None; ``link_table`` is a JSON file overriding entries; ``nvlink_only`` keeps only NVLink."""
+    ``generation`` (a name of gpu_specs.SPECS) picks the link prices, guessed from a GPU name in
+    the file or the NV counts when None; ``link_table`` is a JSON file overriding entries;
+    ``nvlink_only`` keeps only NVLink."""
     text = read_text(path, "from_nvidia_smi", "give the text `nvidia-smi topo -m` prints", MAX_TEXT, TOO_BIG)
     m = parse_matrix(text, str(path))
-    table, gen_note = choose_table(generation, None if generation else guess_generation(m), link_table)
+    table, gen_note = choose_table(generation, None if generation else guess_generation(m, text), link_table)
     notes = [gen_note]
     fab = Fabric(table)
     for dev in m.gpus:
