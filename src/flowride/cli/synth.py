@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flowride.argtypes import SECONDS, THREADS, integer, number, out_file
-from flowride.cli.common import as_options, console, err, topology_args
+from flowride.cli.common import as_options, console, err, refuse_unused, topology_args
 from flowride.cli.sweep import sweep_args, sweep_of, synth_sweep
 from flowride.cli.topology import load_topology
 from flowride.errors import InputError
@@ -150,12 +150,12 @@ def cmd_synth(a: argparse.Namespace) -> int:
     with as_options(speedups="--speedups"):
         speedups = parse_speedups(a.speedups)
     sizes = sweep_of(a)  # --sizes or -b/-e/-f: one synthesis per size (cli/sweep.py)
-    if sizes is not None and a.size:
-        raise InputError("--size", "is given together with a sweep (-b/-e/-f or --sizes)", "give one size or a sweep")
     if sizes is not None:
         return synth_sweep(a, topo, sizes, epoch, speedups)
     if a.size is None:
         raise InputError("--size", "is missing", "give --size, or a size sweep with --sizes or -b/-e/-f")
+    refuse_unused(a, "with a size sweep (-b/-e/-f or --sizes)", "give a sweep, or leave it out for one size",
+                  out_dir="--out-dir", json="--json", no_warm_start="--no-warm-start")
     size = parse_size(a.size, "--size")
     opts = as_options(chunks="--chunks", time_limit="--time-limit", epoch="--epoch", mip_gap="--mip-gap",
                        threads="--threads", size="--size", collective="--collective", method="--method",
@@ -177,12 +177,34 @@ def cmd_synth(a: argparse.Namespace) -> int:
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
-    from flowride.program import load_as_schedule
+    from flowride.program import is_msccl_path, load_as_schedule, verify_msccl
     from flowride.schedule import simulate
     from flowride.synth.bounds import lower_bounds
 
-    sched = load_as_schedule(a.schedule)  # an algorithm found wrong on reading: InvalidSchedule, exit 1
-    sim = simulate(sched)
+    if is_msccl_path(a.schedule):
+        # the executor's rules judge (InvalidSchedule, exit 1); the schedule model times it where it can
+        with as_options(sms="--sms"):
+            v = verify_msccl(a.schedule, sms=a.sms)
+        rep = v.report
+        if a.strict and rep.findings:
+            more = f" (and {len(rep.findings) - 1} more)" if len(rep.findings) > 1 else ""
+            print(f"invalid: {rep.findings[0]}{more} (--strict)", file=sys.stderr)
+            return 1
+        for f in rep.findings:
+            err.print(f"warning: {escape(str(f))}", highlight=False, soft_wrap=True)
+        ran = (f"executor rules: {' and '.join(rep.modes)} run{'s' if len(rep.modes) > 1 else ''} correct ({rep.proto}, "
+               f"{rep.room} unreceived send(s) per connection, {rep.transfers} chunk transfers, up to {rep.thread_blocks} thread blocks per GPU)")
+        if v.schedule is None:
+            console.print(escape(f"valid: {v.collective} on {v.ngpus} GPUs by the executor's rules; not timed, the schedule model "
+                                 f"cannot place it ({v.unplaced})\n{ran}"), highlight=False, soft_wrap=True)
+            return 0
+        sched, sim = v.schedule, v.sim
+    else:
+        if a.sms is not None:
+            raise InputError("--sms", "applies to MSCCL algorithm XML only", "leave it out for a schedule JSON")
+        sched = load_as_schedule(a.schedule)
+        sim = simulate(sched)
+        ran = ""
     if not sim.valid:
         print(f"invalid: {sim.first_violation}", file=sys.stderr)
         if len(sim.violations) > 1:
@@ -193,6 +215,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
         f"valid: {len(sched.sends)} sends, {sim.epochs} epochs, finish {sim.finish_time_s * 1e6:.3f} us "
         f"(lower bound {lb * 1e6:.3f} us)"
     )
+    if ran:
+        console.print(escape(ran), highlight=False, soft_wrap=True)
     return 0
 
 
@@ -250,6 +274,11 @@ def add_verify(sub) -> None:
     """``flowride verify``."""
     v = sub.add_parser("verify", help="replay a schedule (JSON) or an MSCCL algorithm (XML) and check it")
     v.add_argument("schedule")
+    v.add_argument("--strict", action="store_true",
+                   help="XML: fail (exit 1) on what the executor would refuse to load or run otherwise than written, not only warn")
+    v.add_argument("--sms", help="XML: the target GPU, as an SM count or a name (v100, a100, h100, h200, b200, ...); "
+                                 "its thread blocks per GPU must not exceed it (default: no cap below the executor's 1024, "
+                                 "a warning above 80)")
     v.set_defaults(func=cmd_verify)
 
 

@@ -27,13 +27,15 @@ from flowride.program.model import (
     writes,
 )
 from flowride.program.msccl_read import from_msccl_xml, read_msccl
+from flowride.program.msccl_rules import check_executor
+from flowride.program.msccl_verify import verify_msccl
 from flowride.program.msccl_write import to_msccl_xml, write_msccl
 from flowride.program.to_schedule import program_to_schedule
 
 __all__ = [
-    "Content", "GpuProgram", "Program", "Slot", "Step", "Transfer", "buffer_layout", "check_program",
+    "Content", "GpuProgram", "Program", "Slot", "Step", "Transfer", "buffer_layout", "check_executor", "check_program",
     "expected_outputs", "from_msccl_xml", "hazards", "initial_buffers", "inplace_alias", "is_msccl_path",
     "load_as_program", "load_as_schedule", "lower", "program_to_schedule", "read_msccl", "reads",
     "run_program", "slot_hazards", "step_deps", "to_msccl_xml", "transfers", "validate_program",
-    "write_msccl", "writes",
+    "verify_msccl", "write_msccl", "writes",
 ]

@@ -22,7 +22,6 @@ from pathlib import Path
 from flowride.collectives.demand import Collective
 from flowride.errors import InputError
 from flowride.program.model import (
-    BUF_NAMES,
     GpuProgram,
     Program,
     Slot,
@@ -34,16 +33,10 @@ from flowride.program.model import (
     slot_hazards,
     writes,
 )
-from flowride.program.msccl_limits import (
-    LOCAL_DST,
-    LOCAL_SRC,
-    MAX_DEP_TB,
-    MAX_TBS_PER_CHANNEL,
-    RECV_TYPES,
-    SEND_TYPES,
-    clean_name,
-)
-from flowride.program.msccl_xml import Reader, XGpu, XStep, XTb, parse_algo
+from flowride.program.msccl_exec import first_race
+from flowride.program.msccl_limits import LOCAL_DST, LOCAL_SRC, clean_name
+from flowride.program.msccl_rules import connections, pairs, release, step_slots, tb_groups
+from flowride.program.msccl_xml import Algo, Reader, XGpu, XStep, parse_algo
 
 
 @dataclass(eq=False)
@@ -79,101 +72,40 @@ def from_msccl_xml(text: str, source_name: str = "xml") -> Program:
 def _assemble(rd: Reader, glist: list[XGpu], coll: Collective, n: int, C: int, li: int, lo: int, inplace: bool, name: str) -> Program:
     """Match sends to receives per connection, run the thread blocks as the executor would
     (refusing deadlocks and races), and write down what ran, GPU by GPU, as program steps."""
-    # offsets: what the executor checks, then what the real buffers hold
-    real = {"i": li, "o": lo}
-    layout = "in-place" if inplace else "out-of-place"
+    algo = Algo(rd, glist, coll, n, C, inplace, name)
 
     def local(g: XGpu, st: XStep, which: str) -> list[Slot]:
-        buf, off = (st.srcbuf, st.srcoff) if which == "src" else (st.dstbuf, st.dstoff)
-        field_ = f"{st.path}.{which}off"
-        declared = {"i": g.i_chunks, "o": g.o_chunks, "s": g.s_chunks}[buf]
-        if off < 0:
-            raise rd.err(field_, f"{buf}[{off}] is not a chunk, but {st.type} uses its {which}", "give the offset of the chunk")
-        last = off + st.cnt - 1
-        if last >= declared:
-            raise rd.err(field_, f"{buf}[{off}..{last}] is outside the {declared} {BUF_NAMES[buf]} chunks declared by {g.path}.{buf}_chunks", "raise the declared count or fix the offset")
-        out = []
-        for u in range(st.cnt):
-            slot = (buf, off + u)
-            canon = inplace_alias(coll, g.id, C, slot) if inplace else slot
-            size = g.s_chunks if canon[0] == "s" else real[canon[0]]
-            if canon[1] >= size:
-                raise rd.err(field_, f"{buf}[{off + u}] is outside the {BUF_NAMES[buf]} buffer ({size} chunks in an {layout} {coll.value} of {n * C} chunks per loop)", "fix the offset")
-            out.append(canon)
-        return out
+        return step_slots(rd, g, st, which, algo, inplace)[0]
 
-    # transmissions per thread block, as the executor builds them
+    # transmissions per thread block, as the executor builds them (msccl_rules): one per real
+    # step here (fused re steps stay apart; the dependencies go with the first), each dependency
+    # named by the step whose flag releases it
     trans: list[list[list[_Trans]]] = []
     by_s: dict[tuple[int, int, int], _Trans] = {}
     for g in glist:
+        groups = [tb_groups(rd, g, tb) for tb in g.tbs]
+        rel = release(rd, g, groups, [])
         gt = []
-        for tb in g.tbs:
+        for tb, tgroups, trel in zip(g.tbs, groups, rel, strict=True):
             lst: list[_Trans] = []
-            pending: list[tuple[int, int]] = []
-            for k, st in enumerate(tb.steps):
-                if st.depid >= 0:
-                    if st.depid >= len(g.tbs):
-                        raise rd.err(f"{st.path}.depid", f"GPU {g.id} has no thread block {st.depid}", "point the dependency at an existing thread block")
-                    target = g.tbs[st.depid]
-                    if not 0 <= st.deps < len(target.steps):
-                        raise rd.err(f"{st.path}.deps", f"thread block {st.depid} has no step {st.deps}", "point the dependency at an existing step")
-                    if st.depid > MAX_DEP_TB:
-                        raise rd.err(f"{st.path}.depid", f"{st.depid} does not fit the executor's 8-bit dependency ids", f"give thread blocks others wait on ids up to {MAX_DEP_TB}")
-                    ts = target.steps[st.deps]
-                    if st.depid == tb.id:
-                        if st.deps >= k:
-                            raise rd.err(f"{st.path}.deps", f"waits for step {st.deps} of its own thread block, which runs later", "remove the dependency")
-                    else:
-                        if ts.type == "nop":
-                            raise rd.err(f"{st.path}.deps", f"waits for {ts.path}, a nop, which never signals", "point the dependency at the step that does the work")
-                        if not ts.hasdep:
-                            raise rd.err(f"{ts.path}.hasdep", f"{st.path} waits for this step, but it has hasdep=\"0\" and never signals", 'set hasdep="1"')
-                        pending.append((st.depid, st.deps))
-                elif st.type == "nop" and any(x.type != "nop" for x in tb.steps[k + 1:]):
-                    raise rd.err(f"{st.path}.depid", "a nop without a dependency shifts the executor's step count", "remove the nop or give it a dependency")
-                if st.type == "nop":
-                    continue
-                if pending and st.depid < 0:
-                    raise rd.err(f"{st.path}.depid", "follows nops that carry dependencies, so it must carry one too (the executor rejects the XML otherwise)", "move one of the nops' dependencies onto this step")
-                t = _Trans(g.id, tb.id, st, pending)
-                pending = []
-                lst.append(t)
-                by_s[(g.id, tb.id, st.s)] = t
+            for (steps, _), waits in zip(tgroups, trel, strict=True):
+                deps = [(x, groups[x][j][0][-1].s) for x, j in waits if x != tb.id]
+                for k, st in enumerate(steps):
+                    t = _Trans(g.id, tb.id, st, deps if k == 0 else [])
+                    lst.append(t)
+                    by_s[(g.id, tb.id, st.s)] = t
             gt.append(lst)
         trans.append(gt)
 
-    # connections: one thread block per (peer, channel) and direction
-    send_tb: dict[tuple[int, int, int], XTb] = {}
-    recv_tb: dict[tuple[int, int, int], XTb] = {}
-    for g in glist:
-        per_ch: dict[tuple[str, int], int] = defaultdict(int)
-        for tb in g.tbs:
-            for kind, peer, table, key in (("send", tb.send, send_tb, (g.id, tb.send, tb.chan)), ("recv", tb.recv, recv_tb, (tb.recv, g.id, tb.chan))):
-                if peer < 0:
-                    continue
-                if key in table:
-                    raise rd.err(f"{tb.path}.chan", f"{table[key].path} already uses the {kind} connection with GPU {peer} on channel {tb.chan}", "give each thread block talking to the same peer its own channel")
-                table[key] = tb
-                per_ch[(kind, tb.chan)] += 1
-                if per_ch[(kind, tb.chan)] > MAX_TBS_PER_CHANNEL:
-                    raise rd.err(f"{tb.path}.chan", f"channel {tb.chan} has more than {MAX_TBS_PER_CHANNEL} thread blocks with a {kind} peer on GPU {g.id}", "spread thread blocks over more channels")
+    # connections: one thread block per (peer, channel) and direction; the k-th send of one
+    # feeds its k-th receive
     tag = 0
-    for key in sorted(set(send_tb) | set(recv_tb)):
-        a, b, ch = key
-        snd = [t for t in trans[a][send_tb[key].id] if t.step.type in SEND_TYPES] if key in send_tb else []
-        rcv = [t for t in trans[b][recv_tb[key].id] if t.step.type in RECV_TYPES] if key in recv_tb else []
-        for k in range(max(len(snd), len(rcv))):
-            if k >= len(rcv):
-                raise rd.err(snd[k].step.path, f"sends to GPU {b} on channel {ch}, but GPU {b} receives only {len(rcv)} time(s) from GPU {a} on channel {ch}", f"add the matching receive on GPU {b}, or remove the send")
-            if k >= len(snd):
-                raise rd.err(rcv[k].step.path, f"receives from GPU {a} on channel {ch}, but GPU {a} sends only {len(snd)} time(s) to GPU {b} on channel {ch}", f"add the matching send on GPU {a}, or remove the receive")
-            s_, r_ = snd[k], rcv[k]
-            if s_.step.cnt != r_.step.cnt:
-                raise rd.err(f"{r_.step.path}.cnt", f"is {r_.step.cnt}, but the matching send {s_.step.path} has cnt {s_.step.cnt}", "make both sides move the same number of chunks")
-            r_.match, s_.out = s_, r_
-            s_.tags_out = list(range(tag, tag + s_.step.cnt))
-            r_.tags_in = list(s_.tags_out)
-            tag += s_.step.cnt
+    for snd, rcv, cnt in pairs(rd, connections(rd, glist)):
+        s_, r_ = by_s[snd], by_s[rcv]
+        r_.match, s_.out = s_, r_
+        s_.tags_out = list(range(tag, tag + cnt))
+        r_.tags_in = list(s_.tags_out)
+        tag += cnt
 
     # run the thread blocks as the executor would (sends never block)
     flags = [[-1] * len(gt) for gt in trans]
@@ -371,42 +303,33 @@ def explain(prog: Program, problem: str) -> str:
 def _check_races(rd: Reader, glist: list[XGpu], order: list[_Trans], by_s: dict, local) -> None:
     """Two steps of a GPU that touch the same chunk, one of them writing, must be ordered by the
     algorithm itself (thread block order, dependencies, or a chain of transfers); else the
-    executor may run them either way round."""
-    anc: dict[int, int] = {}
+    executor may run them either way round (:func:`~flowride.program.msccl_exec.first_race`)."""
     prev: dict[tuple[int, int], _Trans] = {}
-    access: dict[tuple[int, Slot], list[tuple[_Trans, bool, Slot]]] = defaultdict(list)
+    preds: list[list[int]] = []
+    accesses: list[list[tuple]] = []
     for t in order:
-        preds = [by_s[(t.gpu, x, s)] for x, s in t.deps]
+        ps = [by_s[(t.gpu, x, s)] for x, s in t.deps]
         if (t.gpu, t.tb) in prev:
-            preds.append(prev[(t.gpu, t.tb)])
+            ps.append(prev[(t.gpu, t.tb)])
         if t.match is not None:
-            preds.append(t.match)
-        bits = 0
-        for p in preds:
-            bits |= anc[p.seq] | (1 << p.seq)
-        anc[t.seq] = bits
+            ps.append(t.match)
+        preds.append([p.seq for p in ps])
         prev[(t.gpu, t.tb)] = t
-        g = glist[t.gpu]
-        st = t.step
+        g, st = glist[t.gpu], t.step
+        acc = []
         if st.type in LOCAL_SRC:
-            for u, slot in enumerate(local(g, st, "src")):
-                access[(t.gpu, slot)].append((t, False, (st.srcbuf, st.srcoff + u)))
+            acc += [((t.gpu, slot), False, fmt_slot((st.srcbuf, st.srcoff + u))) for u, slot in enumerate(local(g, st, "src"))]
         if st.type in LOCAL_DST:
-            for u, slot in enumerate(local(g, st, "dst")):
-                access[(t.gpu, slot)].append((t, True, (st.dstbuf, st.dstoff + u)))
-    for (_, _), acc in access.items():
-        for j in range(len(acc)):
-            tj, wj, sj = acc[j]
-            for i in range(j):
-                ti, wi, si = acc[i]
-                if ti is tj or not (wi or wj):
-                    continue
-                if not anc[tj.seq] >> ti.seq & 1:
-                    raise rd.wrong(
-                        tj.step.path,
-                        f"{_rw(wj)} {fmt_slot(sj)} while {ti.step.path} {_rw(wi)} {fmt_slot(si)}, and nothing orders the two (a race)",
-                        "make the later step depend on the earlier one (depid/deps)",
-                    )
+            acc += [((t.gpu, slot), True, fmt_slot((st.dstbuf, st.dstoff + u))) for u, slot in enumerate(local(g, st, "dst"))]
+        accesses.append(acc)
+    hit = first_race(preds, accesses)
+    if hit is not None:
+        ei, si, wi, ej, sj, wj = hit
+        raise rd.wrong(
+            order[ej].step.path,
+            f"{_rw(wj)} {sj} while {order[ei].step.path} {_rw(wi)} {si}, and nothing orders the two (a race)",
+            "make the later step depend on the earlier one (depid/deps)",
+        )
 
 
 def _rw(write: bool) -> str:

@@ -1,6 +1,7 @@
 """Write a :class:`~flowride.program.model.Program` as the MSCCL algorithm XML the executor
 (Azure/msccl-executor-nccl, ``src/misc/msccl/msccl_parser.cc``) loads, within every limit its
-parser and kernel impose (:mod:`flowride.program.msccl_limits`, ``docs/msccl.md``).
+parser and kernel impose (:mod:`flowride.program.msccl_limits`, the rules of
+:mod:`flowride.program.msccl_rules`, ``docs/msccl.md``).
 
 The executor runs thread blocks, not step lists: each GPU's steps are cut into one thread block
 per (peer, direction, channel), connections keep one FIFO order on both sides, and every data
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from flowride.collectives.demand import Collective
-from flowride.errors import InputError
+from flowride.errors import InputError, InvalidSchedule
 from flowride.files import write_text_atomic
 from flowride.program.model import (
     GpuProgram,
@@ -45,6 +46,8 @@ from flowride.program.msccl_limits import (
     clean_name,
 )
 from flowride.program.msccl_read import from_msccl_xml
+from flowride.program.msccl_rules import Deadlock, check_executor
+from flowride.program.msccl_xml import parse_algo
 
 
 @dataclass
@@ -129,13 +132,14 @@ def _inplace_program(program: Program) -> Program:
     return out
 
 
-def _split(items: list, costs: list[tuple[int, ...]], limit: int) -> list[list]:
-    """Cut ``items`` into consecutive blocks whose summed costs (per side) stay within ``limit``."""
+def _split(items: list, costs: list[tuple[int, ...]], limit: int, cuts: frozenset = frozenset()) -> list[list]:
+    """Cut ``items`` into consecutive blocks whose summed costs (per side) stay within ``limit``,
+    and before each item in ``cuts``."""
     blocks: list[list] = []
     cur: list = []
     tot = None
     for it, cost in zip(items, costs, strict=True):
-        if tot is not None and any(t + c > limit for t, c in zip(tot, cost, strict=True)):
+        if tot is not None and (it in cuts or any(t + c > limit for t, c in zip(tot, cost, strict=True))):
             blocks.append(cur)
             cur, tot = [], None
         cur.append(it)
@@ -145,8 +149,10 @@ def _split(items: list, costs: list[tuple[int, ...]], limit: int) -> list[list]:
     return blocks
 
 
-def _build(prog: Program, max_steps: int, max_tbs_ch: int) -> tuple[list[list[_Tb]], int]:
-    """Thread blocks of every GPU, with channels, dependencies and nops; and nchannels."""
+def _build(prog: Program, max_steps: int, max_tbs_ch: int, cuts: frozenset = frozenset()) -> tuple[list[list[_Tb]], int]:
+    """Thread blocks of every GPU, with channels, dependencies and nops; and nchannels. A
+    connection's transfers start a new thread block (on a channel of its own) at each tag in
+    ``cuts``."""
     n = prog.ngpus
     steps = [g.steps for g in prog.gpus]
     deps = [step_deps(s) for s in steps]
@@ -213,7 +219,7 @@ def _build(prog: Program, max_steps: int, max_tbs_ch: int) -> tuple[list[list[_T
     for (a, b) in sorted(conns):
         tags = conns[(a, b)]
         costs = [(cost(*send_at[t]), cost(*recv_at[t])) for t in tags]
-        blocks = _split(tags, costs, max_steps)
+        blocks = _split(tags, costs, max_steps, cuts)
         chan = -1
         for k, block in enumerate(blocks):
             chan += 1
@@ -288,15 +294,15 @@ def _wire(r: int, tbs: list[_Tb], deps: list[set[int]], steps: list[Step], max_s
             for t2, p2 in need[:-1]:
                 tb.xml.append(_xstep("nop", _NONE_SRC, _NONE_DST, (t2.id, index[t2.steps[p2]]), False))
             dep = (need[-1][0].id, index[need[-1][0].steps[need[-1][1]]]) if need else None
-            tb.xml.append(_xstep(st.op, st.src or _NONE_SRC, st.dst or _NONE_DST, dep, i in hasdep))
+            tb.xml.append(_xstep(st.op, st.src or _NONE_SRC, st.dst or _NONE_DST, dep, i in hasdep, i))
 
 
 _NONE_SRC: Slot = ("i", -1)
 _NONE_DST: Slot = ("o", -1)
 
 
-def _xstep(kind: str, src: Slot, dst: Slot, dep: tuple[int, int] | None, hasdep: bool) -> dict:
-    return {"type": kind, "src": src, "dst": dst, "dep": dep, "hasdep": hasdep}
+def _xstep(kind: str, src: Slot, dst: Slot, dep: tuple[int, int] | None, hasdep: bool, index: int = -1) -> dict:
+    return {"type": kind, "src": src, "dst": dst, "dep": dep, "hasdep": hasdep, "index": index}
 
 
 def _fill_informational(prog: Program) -> Program:
@@ -333,6 +339,7 @@ def to_msccl_xml(
     max_tbs_per_channel: int = MAX_TBS_PER_CHANNEL,
     min_bytes: int = 0,
     max_bytes: int = 0,
+    sms: int | str | None = None,
 ) -> str:
     """The program as an MSCCL algorithm XML the executor loads.
 
@@ -342,8 +349,11 @@ def to_msccl_xml(
     redundant; a program whose in-place form would still need a copy, or would be wrong, is
     refused. Each step moves one chunk (cnt="1"); receives and sends are never fused into
     rcs/rrcs in either mode. ``min_bytes``/``max_bytes`` set the sizes the executor picks the
-    algorithm for (0 = no upper limit). The written XML is read back (deadlocks and races
-    rejected) and checked symbolically before it is returned."""
+    algorithm for (0 = no upper limit); ``sms`` (an SM count or a GPU name) caps the thread
+    blocks per GPU. The written XML is judged by the executor's rules
+    (:func:`~flowride.program.msccl_rules.check_executor`: a run of the kernel with ``proto``'s
+    bounded connections, no deadlock, no race, the collective's result), read back and checked
+    symbolically before it is returned."""
     if proto not in PROTOS:
         raise InputError("proto", f"{proto!r} is not an MSCCL protocol", f"choose one of {', '.join(PROTOS)}")
     for flag, v, hi in (("max_steps_per_tb", max_steps_per_tb, MAX_STEPS_PER_TB), ("max_tbs_per_channel", max_tbs_per_channel, MAX_TBS_PER_CHANNEL)):
@@ -359,7 +369,7 @@ def to_msccl_xml(
     if problems:
         more = f" (and {len(problems) - 1} more problem(s))" if len(problems) > 1 else ""
         raise InputError("program", f"is wrong: {problems[0]}{more}", "export only programs lowered from verified schedules")
-    n, C, coll = program.ngpus, program.chunks, program.collective
+    n, C = program.ngpus, program.chunks
     if n * C > MAX_OFFSET:
         raise InputError("program", f"{n * C} chunks per loop exceed the executor's 16-bit offsets", "use fewer chunks")
     prog = _inplace_program(program) if unfused else program
@@ -367,13 +377,41 @@ def to_msccl_xml(
     for g in prog.gpus:
         if g.s_chunks > MAX_OFFSET:
             raise InputError("program", f"rank {g.rank} needs {g.s_chunks} scratch chunks, beyond the executor's 16-bit offsets", "use fewer chunks")
-    tbs, nchannels = _build(prog, max_steps_per_tb, max_tbs_per_channel)
+    # a connection holds only a few unreceived sends (msccl_limits.SENDS_IN_FLIGHT); where the
+    # kernel run finds sends waiting for room that never comes, their connection is cut there
+    # (the rest of it goes to a thread block on another channel, with its own FIFO) and the
+    # algorithm is built again
+    cuts: set[int] = set()
+    while True:
+        tbs, nchannels = _build(prog, max_steps_per_tb, max_tbs_per_channel, frozenset(cuts))
+        text = _text(prog, tbs, nchannels, name or program.name, proto, unfused, min_bytes, max_bytes)
+        try:
+            check_executor(parse_algo(text, "exported XML"), sms=sms)
+            break
+        except Deadlock as e:
+            by_id = [{tb.id: tb for tb in gt} for gt in tbs]
+            new = {prog.gpus[g].steps[by_id[g][t].xml[s]["index"]].tag for g, t, s in e.full} - cuts
+            if not new:
+                raise InputError("program", f"the exported XML breaks the executor's rules: {e}", "report this as a bug") from None
+            cuts |= new
+        except InvalidSchedule as e:
+            raise InputError("program", f"the exported XML breaks the executor's rules: {e}", "use fewer chunks, or report this as a bug") from None
+    back = from_msccl_xml(text, "exported XML")
+    problems = check_program(back)
+    if problems:
+        raise InputError("program", f"the exported XML does not compute the collective: {problems[0]}", "report this as a bug")
+    return text
+
+
+def _text(prog: Program, tbs: list[list[_Tb]], nchannels: int, name: str, proto: str, unfused: bool, min_bytes: int, max_bytes: int) -> str:
+    """The XML of built thread blocks; the executor's limits on elements checked."""
+    n, C, coll = prog.ngpus, prog.chunks, prog.collective
     for r, gt in enumerate(tbs):
         nodes = 1 + n + len(gt) + sum(len(t.xml) for t in gt)
         if nodes >= MAX_NODES:
             raise InputError("program", f"rank {r} needs {nodes} XML elements, the executor's parser keeps at most {MAX_NODES - 1}", "use fewer chunks")
     lines = [
-        f'<algo name="{clean_name(name or program.name)}" proto="{proto}" nchannels="{nchannels}" nchunksperloop="{n * C}" '
+        f'<algo name="{clean_name(name)}" proto="{proto}" nchannels="{nchannels}" nchunksperloop="{n * C}" '
         f'ngpus="{n}" coll="{coll.value}" inplace="{1 if unfused else 0}" outofplace="{0 if unfused else 1}" '
         f'minBytes="{min_bytes}" maxBytes="{max_bytes}">'
     ]
@@ -393,12 +431,7 @@ def to_msccl_xml(
             lines.append("    </tb>")
         lines.append("  </gpu>")
     lines.append("</algo>")
-    text = "\n".join(lines) + "\n"
-    back = from_msccl_xml(text, "exported XML")
-    problems = check_program(back)
-    if problems:
-        raise InputError("program", f"the exported XML does not compute the collective: {problems[0]}", "report this as a bug")
-    return text
+    return "\n".join(lines) + "\n"
 
 
 def write_msccl(program: Program, path: str | Path, **kw) -> None:

@@ -1,5 +1,6 @@
 """The elements of an MSCCL algorithm XML, read and checked one by one against what the executor's
-parser accepts (:mod:`flowride.program.msccl_limits`).
+parser accepts (:mod:`flowride.program.msccl_limits`); the executor's rules on the whole
+algorithm are :mod:`flowride.program.msccl_rules`.
 
 This is the first half of reading an algorithm: every attribute is checked where it stands, and a
 bad one is an :class:`~flowride.errors.InputError` whose field names the element by its position
@@ -26,6 +27,7 @@ from flowride.program.msccl_limits import (
     OTHER_COLLS,
     PROTOS,
     RECV_TYPES,
+    REQUIRED_ALGO_ATTRS,
     SEND_TYPES,
     STEP_TYPES,
 )
@@ -112,8 +114,14 @@ class Algo:
     coll: Collective
     n: int
     chunks: int  # C: chunks per block (nchunksperloop / ngpus)
-    inplace: bool
+    inplace: bool  # read with in-place semantics (marked in place and not out of place)
     name: str
+    proto: str | None = None
+    inplace_flag: bool = False  # the executor picks it for in-place calls
+    outofplace_flag: bool = True  # ... and for out-of-place calls
+    min_bytes: int = 0
+    max_bytes: int = 0
+    missing: tuple[str, ...] = ()  # <algo> attributes the executor requires and the file lacks
 
 
 def parse_algo(text: str, source_name: str = "xml") -> Algo:
@@ -145,8 +153,8 @@ def parse_algo(text: str, source_name: str = "xml") -> Algo:
     outofplace = rd.int(root, "outofplace", a, 0, 1, required=False, default=1 - inplace_flag)
     if not (inplace_flag or outofplace):
         raise rd.err(f"{a}.inplace", "the algorithm is marked neither in place nor out of place", 'set inplace="1" or outofplace="1"')
-    for attr in ("minBytes", "maxBytes"):
-        rd.int(root, attr, a, 0, required=False)
+    min_bytes, max_bytes = (rd.int(root, attr, a, 0, required=False, default=0) for attr in ("minBytes", "maxBytes"))
+    missing = tuple(x for x in REQUIRED_ALGO_ATTRS if root.get(x) is None)
     inplace = bool(inplace_flag) and not outofplace
 
     gpus: dict[int, XGpu] = {}
@@ -209,4 +217,4 @@ def parse_algo(text: str, source_name: str = "xml") -> Algo:
             raise rd.err(a, f"GPU {k} has no <gpu> element (ngpus={n})", "give one <gpu> per rank, ids 0..ngpus-1")
     glist = [gpus[k] for k in range(n)]
 
-    return Algo(rd, glist, coll, n, C, inplace, root.get("name") or source_name)
+    return Algo(rd, glist, coll, n, C, inplace, root.get("name") or source_name, proto, bool(inplace_flag), bool(outofplace), min_bytes, max_bytes, missing)
