@@ -34,7 +34,8 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline": set(),
     "harvest": {"pipeline"},
     "sidetasks": {"harvest"},
-    "cli": {"topology", "collectives", "schedule", "synth", "program", "comm", "api", "sweep", "pipeline", "harvest", "sidetasks"},
+    "plan": {"topology", "collectives", "schedule", "synth", "api", "pipeline", "harvest"},
+    "cli": {"topology", "collectives", "schedule", "synth", "program", "comm", "api", "sweep", "pipeline", "harvest", "sidetasks", "plan"},
     "__main__": {"cli"},
 }
 MAX_LINES = 560  # "no module over ~550 lines"

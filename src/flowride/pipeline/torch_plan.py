@@ -44,7 +44,7 @@ class RankPlan:
         return [i for i, idle in enumerate(self.implied) if idle > 1e-9]
 
 
-def _dependencies(actions: dict[int, list[Act]], num_stages: int) -> Callable[[Act], list[Act]]:
+def action_dependencies(actions: dict[int, list[Act]], num_stages: int) -> Callable[[Act], list[Act]]:
     """F needs the previous stage's F; a backward (B or I) needs its own F and the next stage's
     backward; W needs its own I."""
     backward_kind = {(a.stage, a.mb): a.kind for lst in actions.values() for a in lst if a.kind in ("B", "I")}
@@ -75,7 +75,7 @@ def implied_idle(actions: dict[int, list[Act]], stage_rank: dict[int, int], num_
     ranks = sorted(actions)
     index = {r: k for k, r in enumerate(ranks)}
     lists = [[(it, a) for it in range(iterations) for a in actions[r]] for r in ranks]
-    deps = _dependencies(actions, num_stages)
+    deps = action_dependencies(actions, num_stages)
     try:
         timeline = simulate_lists(
             lists,

@@ -1,0 +1,127 @@
+"""``flowride plan``: a training job on a whole cluster, priced in seconds (parse, call
+:func:`flowride.plan.plan_job` or :func:`flowride.plan.sweep.sweep`, print)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.markup import escape
+from rich.table import Table
+
+from flowride.argtypes import SECONDS, out_file
+from flowride.cli.common import console, err
+from flowride.files import write_json_atomic
+
+
+def _progress(status):
+    t0 = time.perf_counter()
+
+    def on(ev: dict) -> None:
+        if ev["stage"] == "collective":
+            msg = f"pricing {ev['collective']} of {ev['size']:,} B on a group of {ev['group']}"
+        elif ev["stage"] == "sweep":
+            msg = f"point {ev['i']}/{ev['of']}: {ev['point']}"
+        elif ev["stage"] == "simulate":
+            msg = f"simulating {ev['ranks']} stages x {ev['microbatches']} micro-batches"
+        else:
+            msg = ev["stage"]
+        status.update(escape(f"[plan] {msg}") + f"  [{time.perf_counter() - t0:.1f}s]")
+    return on
+
+
+def _breakdown(rep: dict) -> Table:
+    p = rep["parallel"]
+    t = Table(title=f"{rep['job']}: {rep['gpus']:,} GPUs ({rep['nodes']:,} x {rep['node']}, {rep['network']}), "
+                    f"tp {p['tp']} pp {p['pp']} dp {p['dp']}, {p['schedule']} v={p['virtual']} m={p['microbatches']}")
+    t.add_column("")
+    t.add_column("value", justify="right")
+    sh = rep["shares"]
+    t.add_row("iteration", f"{rep['iteration_s']:.3f} s (with NCCL's collectives: {rep['iteration_s_nccl']:.3f} s)")
+    t.add_row("throughput", f"{rep['tokens_per_s']:,.0f} tokens/s")
+    t.add_row("compute", f"{sh['compute']:.1%}")
+    t.add_row("exposed TP communication", f"{sh['tp_comm']:.1%}")
+    t.add_row("exposed DP communication", f"{sh['dp_comm']:.1%}")
+    t.add_row("bubbles", f"{sh['bubbles']:.1%} (per stage {min(s['bubble_share'] for s in rep['per_stage']):.1%}.."
+                         f"{max(s['bubble_share'] for s in rep['per_stage']):.1%})")
+    for typ, d in sorted(rep["bubbles_by_type"].items()):
+        t.add_row(f"  bubbles {typ}", f"{d['count']} per iteration, median {d['median_s'] * 1e3:.2f} ms "
+                                      f"({d['min_s'] * 1e3:.2f}..{d['max_s'] * 1e3:.2f})")
+    for c in rep["collectives"]:
+        t.add_row(f"{c['collective']} {c['size_bytes']:,} B on {c['group']['nodes'] * c['group']['per_node']} GPUs",
+                  f"NCCL {c['nccl_algorithm']} {c['nccl_us']:.1f} us, flowride {c['ours_us']:.1f} us ({c['how']})")
+    t.add_row("synthesis saves", f"{rep['synthesis_saves_s_per_iteration'] * 1e3:.2f} ms per iteration "
+                                 f"({rep['synthesis_saves_share']:.2%})")
+    h = rep["harvest"]
+    if h["units_per_iteration"]:
+        eff = "n/a" if h["efficiency"] is None else f"{h['efficiency']:.2f}"
+        work = ", ".join(f"{v:,.0f} {k}" for k, v in h["units_per_iteration"].items())
+        t.add_row("harvestable per iteration", f"{work}; {h['bubbles_used']} of {h['bubbles']} bubbles of a pipeline used; "
+                                                f"efficiency {eff}")
+        c = h["cost"]
+        t.add_row("savings (FreeRide)", f"{c['savings']:+.4f} = overhead {c['overhead_term']:+.4f} + value {c['value_term']:+.4f}")
+    t.add_row("planned in", f"{rep['plan_seconds']:.2f} s")
+    t.caption = "assumptions: " + "; ".join(rep["assumptions"])
+    return t
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from flowride.plan import DEFAULT_CACHE, Pricer, load_job, plan_job
+    from flowride.plan.sweep import parse_sweep, ranked_by_value, sweep
+
+    job = load_job(a.job)
+    if a.no_synth:
+        job = job.model_copy(update={"synthesis": job.synthesis.model_copy(update={"enabled": False})})
+    limit = a.synth_time_limit or job.synthesis.time_limit_s
+    pricer = Pricer(cache=None if a.no_cache else (a.cache or DEFAULT_CACHE), synth=job.synthesis.enabled,
+                    time_limit_s=limit)
+    if a.sweep:
+        axes = parse_sweep(a.sweep)
+        with err.status("[bold]plan[/bold] sweeping") as st:
+            points = sweep(job, axes, pricer, _progress(st))
+        rows = [p.row() for p in points]
+        if a.json:
+            write_json_atomic(a.json, {"job": job.name, "sweep": axes, "points": rows}, indent=1)
+        best_value = ranked_by_value(points)
+        rank_v = {id(p): i + 1 for i, p in enumerate(best_value)}
+        t = Table(title=f"{job.name}: {len(points)} configurations, best throughput first")
+        for c in [*axes, "iteration (s)", "tokens/s", "bubbles", "harvest value", "rank with harvest", "synthesis saves"]:
+            t.add_column(c, justify="right")
+        for p, r in zip(points, rows, strict=True):
+            cells = [str(p.overrides[k]) for k in axes]
+            if p.plan is None:
+                t.add_row(*cells, "skipped", escape(r["skipped"]), "", "", "", "")
+                continue
+            t.add_row(*cells, f"{r['iteration_s']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['bubble_share']:.1%}",
+                      f"{r['harvest_value']:+.4f}", str(rank_v[id(p)]), f"{r['synthesis_saves_share']:.2%}")
+        console.print(t)
+        return 0
+    with err.status("[bold]plan[/bold]") as st:
+        pl = plan_job(job, pricer, _progress(st))
+    rep = pl.report()
+    if a.json:
+        write_json_atomic(a.json, rep, indent=1)
+    if a.timeline:
+        from flowride.plan.draw import write_png
+
+        write_png(pl.ours, pl.tp_action_s, a.timeline, f"{job.name}: one iteration of one pipeline ({rep['iteration_s']:.3f} s)")
+    console.print(_breakdown(rep))
+    if a.timeline:
+        console.print(f"timeline written to {a.timeline}")
+    if pricer.path is not None:
+        console.print(f"collectives: {pricer.hits} from the cache, {pricer.solved} priced now (cache {pricer.path})", soft_wrap=True)
+    return 0
+
+
+def add_plan(sub) -> None:
+    """``flowride plan``."""
+    pl = sub.add_parser("plan", help="price a training job on a whole cluster: bubbles, collectives, harvesting, synthesis")
+    pl.add_argument("job", help="the job file (JSON or YAML): model, parallel, hardware, harvest (see docs/plan.md)")
+    pl.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2", help="rank configurations, e.g. pp=4,8,16 microbatches=8,16 schedule=1f1b,zbv")
+    pl.add_argument("--json", type=out_file, help="write the report (or the sweep's rows) as JSON here")
+    pl.add_argument("--timeline", type=out_file, help="write a PNG of one iteration here")
+    pl.add_argument("--cache", help="the collective cache file (default ~/.cache/flowride/plan-collectives.json)")
+    pl.add_argument("--no-cache", action="store_true", help="price every collective afresh and keep nothing")
+    pl.add_argument("--no-synth", action="store_true", help="NCCL's modelled algorithms only (no synthesis)")
+    pl.add_argument("--synth-time-limit", type=SECONDS, help="seconds per distinct collective synthesized (default: the job's, 30)")
+    pl.set_defaults(func=cmd_plan)

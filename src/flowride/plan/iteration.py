@@ -1,0 +1,124 @@
+"""One training iteration of one pipeline, simulated: every stage's actions, their waits, the
+collectives around them, and the bubbles that are left.
+
+The actions are the schedule's own: flowride's instruction lists (GPipe, 1F1B, interleaved,
+ZB-H1: :func:`flowride.pipeline.schedules.build_schedule`) or torch.distributed.pipelining's
+``pipeline_order`` (its seven schedules, built without a process group:
+:func:`flowride.pipeline.torch_compat.dry_schedule`). They run through the one dependency
+simulator flowride times its pipelines with (:func:`flowride.pipeline.schedules.simulate_lists`):
+each action as early as its rank and its data allow, a transfer's time added to every dependency
+that crosses ranks. An action's time is its compute plus the tensor-parallel all-reduces inside
+it (exposed: Megatron runs them on the critical path). After its last action a stage
+synchronises its gradients with its data-parallel peers (``dp_overlap`` of that hidden behind the
+backward); the iteration ends when the slowest stage is done. All ranks start together, as after
+the optimizer step that ends the previous iteration.
+
+Every DP replica runs the same pipeline and every TP rank of a stage idles alike, so one pipeline
+of ``pp`` ranks stands for all ``tp*pp*dp`` GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from flowride.pipeline.schedules import build_schedule, gap_types, simulate_lists
+from flowride.pipeline.torch_compat import Act
+from flowride.pipeline.torch_plan import action_dependencies
+from flowride.plan.costs import StageCost
+from flowride.plan.job import BUILTIN_SCHEDULES, Job
+
+
+@dataclass(frozen=True)
+class Gap:
+    rank: int
+    type: str  # A, B, C, D, S (flowride.pipeline.schedules.gap_types)
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Timeline:
+    """One simulated iteration: per rank its actions (start, end, action) and its gaps."""
+
+    iteration_s: float
+    actions: list[list[tuple[float, float, Act]]]
+    gaps: list[Gap]
+    compute_s: list[float]  # per rank: pure compute
+    tp_s: list[float]  # per rank: tensor-parallel collectives inside its actions
+    dp_s: list[float]  # per rank: exposed data-parallel synchronisation at its end
+    dp_start: list[float] = field(default_factory=list)
+
+    @property
+    def ranks(self) -> int:
+        return len(self.actions)
+
+    def bubble_s(self) -> list[float]:
+        out = [0.0] * self.ranks
+        for g in self.gaps:
+            out[g.rank] += g.seconds
+        return out
+
+
+def rank_actions(job: Job) -> tuple[dict[int, list[Act]], dict[int, int]]:
+    """Every rank's compute actions in order (torch's letters: F, B full backward, I, W) and the
+    rank that holds each model chunk (stage index)."""
+    p = job.parallel
+    pp, v, m = p.pp, p.virtual, p.microbatches
+    if p.schedule in BUILTIN_SCHEDULES:
+        lists = build_schedule(p.schedule, pp, m, v)
+        has_w = any(ins.kind == "W" for lst in lists for ins in lst)
+        acts = {r: [Act("I" if (ins.kind == "B" and has_w) else ins.kind, ins.chunk, ins.mb) for ins in lst]
+                for r, lst in enumerate(lists)}
+        return acts, {c: c % pp for c in range(pp * v)}
+    from flowride.pipeline import torch_compat as tc
+
+    sched = tc.dry_schedule(p.schedule, pp, m, v)
+    acts = tc.compute_actions(sched)
+    if acts is None:
+        raise AssertionError(f"torch's {p.schedule} publishes no pipeline_order")
+    s2r = {s: r for r in range(pp) for s in tc.local_stage_indices(p.schedule, pp, v, r)}
+    return acts, s2r
+
+
+def simulate(job: Job, chunks: list[StageCost], tp_s: float, p2p_s: float, dp_s: float) -> Timeline:
+    """The iteration: ``chunks`` the compute of each model chunk, ``tp_s`` the TP all-reduce
+    seconds inside each F and again inside each backward of a chunk, ``p2p_s`` one stage-to-stage
+    transfer, ``dp_s`` one stage's DP synchronisation (before ``dp_overlap``)."""
+    acts, s2r = rank_actions(job)
+    ranks = sorted(acts)
+    index = {r: k for k, r in enumerate(ranks)}
+    deps = action_dependencies(acts, len(s2r))
+
+    def compute(a: Act) -> float:
+        c = chunks[a.stage]
+        return {"F": c.f, "B": c.b, "I": c.i, "W": c.w}[a.kind]
+
+    def comm(a: Act) -> float:
+        return tp_s if a.kind in ("F", "B", "I") else 0.0
+
+    cost: Callable[[Act], float] = lambda a: compute(a) + comm(a)  # noqa: E731
+    timeline = simulate_lists([acts[r] for r in ranks], deps, cost, lambda a: index[s2r[a.stage]], comm=p2p_s)
+    exposed = dp_s * (1.0 - job.parallel.dp_overlap)
+    opt = job.model.optimizer_s or [0.0] * len(timeline)  # each stage's optimizer step, after its DP sync
+    ends = [tl[-1][1] if tl else 0.0 for tl in timeline]
+    t_iter = max(e + exposed + opt[k] for k, e in enumerate(ends))
+    gaps: list[Gap] = []
+    for k, tl in enumerate(timeline):
+        types = gap_types([a for _, _, a in tl])  # reads .kind only; torch's I counts as a backward
+        edge = 0.0
+        for i, (s, e, _a) in enumerate(tl):
+            if s > edge + 1e-12:
+                gaps.append(Gap(ranks[k], types[i], edge, s))
+            edge = e
+        tail_start = edge + exposed + opt[k]
+        if t_iter > tail_start + 1e-12:
+            gaps.append(Gap(ranks[k], types[-1], tail_start, t_iter))
+    return Timeline(t_iter, timeline, gaps,
+                    [sum(compute(a) for _, _, a in tl) + opt[k] for k, tl in enumerate(timeline)],
+                    [sum(comm(a) for _, _, a in tl) for tl in timeline],
+                    [exposed] * len(timeline), [e for e in ends])

@@ -1,0 +1,208 @@
+"""A training job as the planner reads it: model, parallelism, hardware, side work (plain data).
+
+One JSON (or YAML) file, checked against this schema before anything is priced: an unknown key,
+a wrong type or an impossible combination (pp that does not divide the layers, GPUs that do not
+fill whole nodes) is one error naming the field and the fix. Every default is stated here and in
+docs/plan.md; the FLOP/s a GPU sustains is the datasheet peak times ``mfu``, an assumption the
+report repeats next to every figure it shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from flowride.errors import InputError
+from flowride.files import parse_json_text, read_text
+from flowride.schema import Strict, validated
+from flowride.topology.fabrics import NETWORKS, NODE_TYPES
+
+# dense BF16 peak per GPU (TFLOP/s), datasheet figures (docs/plan.md gives the sources)
+PEAK_TFLOPS = {"dgx-a100": 312.0, "a800": 312.0, "dgx-h100": 989.0, "h800": 989.0, "hgx-b200": 2250.0,
+               "mi300x": 1307.0, "dgx2": 125.0, "ndv2": 125.0, "mi250": 181.0}
+BUILTIN_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zbh1")
+TORCH_SCHEDULES = ("interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev")
+SCHEDULES = BUILTIN_SCHEDULES + TORCH_SCHEDULES
+MAX_PLAN_GPUS = 1 << 20
+
+
+class Model(Strict):
+    """The model: a decoder-only transformer by shape, or measured per-stage times."""
+
+    layers: int = Field(ge=1, le=100_000)
+    hidden: int = Field(ge=1, le=1 << 20)
+    seq_len: int = Field(ge=1, le=1 << 24)
+    microbatch_size: int = Field(default=1, ge=1, le=1 << 16)
+    vocab: int = Field(default=32_000, ge=1, le=1 << 24)
+    ffn_hidden: int | None = Field(default=None, ge=1, le=1 << 22)  # default 4 x hidden
+    params: float | None = Field(default=None, gt=0, le=1e15)  # stated count; default from the shape
+    bytes_per_value: int = Field(default=2, ge=1, le=8)  # bf16 activations and gradients
+    # measured per-stage seconds of one micro-batch (flowride profile / a train report), one entry per stage
+    forward_s: list[float] | None = None
+    backward_s: list[float] | None = None  # the full backward (input + weight gradients)
+    weight_s: list[float] | None = None  # the weight-gradient part of backward_s, where known
+    p2p_s: float | None = Field(default=None, ge=0, le=1e6)  # measured stage-to-stage transfer (default: priced on the fabric)
+    optimizer_s: list[float] | None = None  # measured optimizer step per stage (default: not modelled)
+
+
+class Parallel(Strict):
+    tp: int = Field(default=1, ge=1, le=1024)
+    pp: int = Field(ge=1, le=4096)
+    dp: int = Field(default=1, ge=1, le=1 << 20)
+    virtual: int = Field(default=1, ge=1, le=64)  # model chunks per pipeline rank (interleaved, looped, V schedules)
+    microbatches: int = Field(ge=1, le=1 << 16)
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zbh1", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev"] = "1f1b"
+    sequence_parallel: bool = True  # Megatron's: p2p activations split by tp
+    distributed_optimizer: bool = True  # DP as reduce-scatter of gradients + all-gather of parameters (else one all-reduce)
+    dp_overlap: float = Field(default=0.0, ge=0.0, le=1.0)  # share of the DP collective hidden behind backward compute
+
+
+class Hardware(Strict):
+    node: str
+    network: Literal["rail", "clos", "single"] = "rail"
+    nic: str | None = None  # e.g. "400Gbps"; default: the node type's
+    oversubscription: float = Field(default=1.0, ge=1.0, le=64.0)
+    peak_tflops: float | None = Field(default=None, gt=0, le=1e6)  # default: the node type's GPU (PEAK_TFLOPS)
+    mfu: float = Field(default=0.4, gt=0.0, le=1.0)  # sustained share of peak (an assumption, stated)
+
+
+class SideTask(Strict):
+    name: str = Field(min_length=1, max_length=200)
+    step_s: float = Field(gt=0, le=3600)  # median step time on one GPU
+    throughput: float = Field(gt=0, le=1e15)  # units per second on a dedicated reference device
+    unit: str = Field(default="units", max_length=50)
+    memory_gib: float = Field(default=0.0, ge=0, le=1e4)
+
+
+class Harvest(Strict):
+    tasks: list[SideTask] = Field(default_factory=list, max_length=64)
+    budget_pct: float = Field(default=2.0, ge=0, le=100)
+    overhead_pct: float = Field(default=1.0, ge=0, le=100)  # training slowdown assumed while harvesting (FreeRide: ~1%)
+    factor: float = Field(default=1.2, ge=1.0, le=100)  # FreeRide's fit rule: a step needs factor x its time left
+    min_bubble_s: float = Field(default=0.0, ge=0, le=3600)
+    price_ref: float = Field(default=1.0, gt=0)  # reference device's price per hour
+    price_main: float | None = Field(default=None, gt=0)  # one training GPU's price per hour (default: price_ref)
+
+
+class Synthesis(Strict):
+    time_limit_s: float = Field(default=30.0, gt=0, le=86_400)  # per distinct collective, first time
+    enabled: bool = True  # False: NCCL's modelled algorithms only
+
+
+class Job(Strict):
+    name: str = Field(default="job", max_length=200)
+    model: Model
+    parallel: Parallel
+    hardware: Hardware
+    harvest: Harvest = Field(default_factory=Harvest)
+    synthesis: Synthesis = Field(default_factory=Synthesis)
+
+    @property
+    def gpus(self) -> int:
+        return self.parallel.tp * self.parallel.pp * self.parallel.dp
+
+    @property
+    def gpus_per_node(self) -> int:
+        return NODE_TYPES[self.hardware.node].gpus
+
+    @property
+    def nodes(self) -> int:
+        return max(1, math.ceil(self.gpus / self.gpus_per_node))
+
+    @property
+    def peak_tflops(self) -> float:
+        return self.hardware.peak_tflops or PEAK_TFLOPS[self.hardware.node]
+
+
+def check_job(job: Job, where: str = "job") -> Job:
+    """The rules across fields, each an InputError naming the key and the fix."""
+    p, m, hw = job.parallel, job.model, job.hardware
+
+    def bad(key: str, problem: str, fix: str) -> InputError:
+        return InputError(f"{where}: {key}", problem, fix)
+
+    if hw.node not in NODE_TYPES:
+        raise bad("hardware.node", f"{hw.node!r} is not a node type", f"choose one of {', '.join(NODE_TYPES)}")
+    chunks = p.pp * p.virtual
+    if m.forward_s is None and m.layers % chunks:
+        raise bad("model.layers", f"{m.layers} is not a multiple of pp x virtual = {chunks}", "give layers, pp and virtual that divide")
+    if m.hidden % p.tp:
+        raise bad("model.hidden", f"{m.hidden} is not a multiple of parallel.tp {p.tp}", "give a tp that divides the hidden size")
+    for name in ("forward_s", "backward_s", "weight_s", "optimizer_s"):
+        v = getattr(m, name)
+        if v is not None and (len(v) != p.pp or not all(0 <= x < 1e6 for x in v)):
+            raise bad(f"model.{name}", f"needs {p.pp} seconds, one per pipeline stage, each 0..1e6", "give one figure per stage")
+    if (m.forward_s is None) != (m.backward_s is None):
+        raise bad("model.forward_s", "and model.backward_s go together", "give both measured lists, or neither")
+    if job.gpus > MAX_PLAN_GPUS:
+        raise bad("parallel", f"tp x pp x dp = {job.gpus:,} GPUs, over the planner's {MAX_PLAN_GPUS:,}", "plan a smaller job")
+    per = NODE_TYPES[hw.node].gpus
+    if job.gpus % per and job.gpus > per:
+        raise bad("parallel", f"tp x pp x dp = {job.gpus} GPUs do not fill whole {hw.node} nodes of {per}", "give a multiple of the node size")
+    if p.tp > per and p.tp % per:
+        raise bad("parallel.tp", f"{p.tp} spans {hw.node} nodes of {per} unevenly", f"give a divisor or a multiple of {per}")
+    if p.schedule in ("interleaved", "interleaved1f1b", "loopedbfs", "interleavedzb") and p.virtual < 2:
+        raise bad("parallel.virtual", f"is {p.virtual}, and {p.schedule} runs several model chunks per rank", "give virtual 2 or more")
+    if p.schedule in ("zbv", "dualpipev") and p.virtual != 2:
+        raise bad("parallel.virtual", f"is {p.virtual}, and {p.schedule} holds exactly 2 chunks per rank (a V)", "give virtual 2")
+    if p.schedule in ("gpipe", "1f1b", "zbh1") and p.virtual != 1:
+        raise bad("parallel.virtual", f"is {p.virtual}, and {p.schedule} holds one chunk per rank", "give virtual 1, or an interleaved schedule")
+    if p.schedule in TORCH_SCHEDULES or p.schedule == "zbh1":
+        if p.microbatches < p.pp and p.schedule not in ("gpipe",):
+            raise bad("parallel.microbatches", f"{p.microbatches} is below pp {p.pp}, which {p.schedule} needs", f"give {p.pp} or more")
+    return job
+
+
+SCHEMA_FIX = "see docs/plan.md for the job file's keys"
+
+
+def job_from_dict(data: Any, where: str = "job") -> Job:
+    """A :class:`Job` from parsed JSON/YAML; the first problem is an InputError naming its key."""
+    return check_job(validated(Job, data, where, SCHEMA_FIX), where)
+
+
+def load_job(path: str | Path) -> Job:
+    """A job file: JSON, or YAML when the name ends in .yaml/.yml (needs PyYAML)."""
+    p = Path(path)
+    text = read_text(p, "job", "give a job file (JSON or YAML): see examples/plans/")
+    if p.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise InputError("job", f"{p.name} is YAML and PyYAML is not installed", "pip install pyyaml, or give JSON") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise InputError("job", f"{p} is not valid YAML ({str(e).splitlines()[0]})", "fix the file") from None
+    else:
+        data = parse_json_text(text, "job", str(p))
+    return job_from_dict(data, p.name)
+
+
+def with_overrides(job: Job, overrides: dict[str, Any]) -> Job:
+    """``job`` with ``parallel`` (or ``hardware``) keys replaced: a sweep's point, checked again.
+    A swept ``schedule`` without a swept ``virtual`` takes the chunks it needs: 1 for GPipe,
+    1F1B and ZB-H1, 2 for the V schedules, the job's own (at least 2) for the interleaved ones."""
+    data = job.model_dump()
+    if "schedule" in overrides and "virtual" not in overrides:  # a schedule swept brings the chunks it holds
+        sched, v = overrides["schedule"], data["parallel"]["virtual"]
+        if sched in ("gpipe", "1f1b", "zbh1"):
+            overrides = {**overrides, "virtual": 1}
+        elif sched in ("zbv", "dualpipev"):
+            overrides = {**overrides, "virtual": 2}
+        elif v < 2:
+            overrides = {**overrides, "virtual": 2}
+    for key, value in overrides.items():
+        section = "parallel" if key in Parallel.model_fields else "hardware" if key in Hardware.model_fields else None
+        if section is None:
+            raise InputError(f"--sweep {key}", "is not a parallel or hardware key",
+                             f"sweep one of {', '.join(list(Parallel.model_fields) + list(Hardware.model_fields))}")
+        data[section][key] = value
+    return job_from_dict(data, f"sweep point {overrides}")
+
+
+__all__ = ["BUILTIN_SCHEDULES", "NETWORKS", "PEAK_TFLOPS", "SCHEDULES", "TORCH_SCHEDULES", "Harvest", "Hardware", "Job", "Model",
+           "Parallel", "SideTask", "Synthesis", "check_job", "job_from_dict", "load_job", "with_overrides"]
