@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The cluster extra (psycopg) is for the task-queue tests, which also start a PostgreSQL server
+# (initdb/pg_ctl from Debian's postgresql package: .ci/run installs it; without it they skip).
 # Optional: a pinned torch to install first (CI sets TORCH_SPEC=torch==2.13.0, a CPU build on local disk).
 TORCH_SPEC ?=
 
@@ -11,7 +13,7 @@ $(BIN)/flowride: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	if [ -n "$(TORCH_SPEC)" ]; then $(BIN)/pip install -q "$(TORCH_SPEC)"; fi
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,cluster]"
 	touch $(BIN)/flowride
 
 setup: $(BIN)/flowride

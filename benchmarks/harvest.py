@@ -93,7 +93,7 @@ def main() -> None:
         lo, hi = r["ci95"]
         pe = "-" if r["prediction_error"] is None else f"{r['prediction_error'] * 100:.1f}%"
         print(f"| {r['engine']} | {r['tasks']} | {r['mode']} | {r['overhead_pct']:+.2f} | [{lo:+.2f}, {hi:+.2f}] | "
-              f"{r['separate_runs_pct']:+.1f} | {r['efficiency']:.2f} | {pe} | {r['overhead_term']:+.3f} | "
+              f"{r['separate_runs_pct']:+.1f} | {'n/a' if r['efficiency'] is None else format(r['efficiency'], '.2f')} | {pe} | {r['overhead_term']:+.3f} | "
               f"{r['value_term']:+.3f} | {r['savings']:+.3f} | {r['losses_identical']} | {'yes' if r['within_budget'] else 'no'} |")
 
 

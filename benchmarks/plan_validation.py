@@ -20,15 +20,14 @@ from pathlib import Path
 from flowride.pipeline.config import TrainConfig
 from flowride.pipeline.trainer import train
 from flowride.plan import Pricer, job_from_dict, plan_job
-from flowride.plan.measured import profile_from_ranks
+from flowride.plan.measured import PROFILE_KEYS, profile_from_ranks
 
 RUNS = [("builtin", "gpipe", 1), ("builtin", "1f1b", 1), ("builtin", "interleaved", 2), ("torch", "gpipe", 1),
         ("torch", "1f1b", 1), ("torch", "interleaved1f1b", 2)]
 
 
 def job_for(prof: dict, schedule: str, p: int, m: int, v: int) -> dict:
-    return {"model": {"layers": p * v, "hidden": 64, "seq_len": 16, "forward_s": prof["forward_s"], "backward_s": prof["backward_s"],
-                      "weight_s": prof["weight_s"], "p2p_s": prof["p2p_s"], "optimizer_s": prof["optimizer_s"]},
+    return {"model": {"layers": p * v, "hidden": 64, "seq_len": 16, **{k: prof[k] for k in PROFILE_KEYS}},
             "parallel": {"pp": p, "virtual": v, "microbatches": m, "schedule": schedule},
             "hardware": {"node": "dgx-h100"}, "synthesis": {"enabled": False}}
 

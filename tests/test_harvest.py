@@ -98,7 +98,10 @@ def test_cost_formula_overhead_lowers_savings():
 
 
 def test_store_is_wal_and_keeps_everything(tmp_path):
+    from flowride.harvest.hostfs import host_id
+
     st = TaskStore.in_run_dir(tmp_path)
+    assert st.path == tmp_path / host_id() / "tasks.sqlite"  # this host's own file (RUN_DIR/<host>/)
     assert st.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     a = st.submit("pagerank", {"n": 100}, priority=2, memory_limit_mb=512)
     b = st.submit("cnn")

@@ -145,9 +145,14 @@ def test_a_world_of_the_wrong_size_names_stages(tmp_path, monkeypatch):
 FAKE_TORCHRUN = {"TORCHELASTIC_RUN_ID": "t", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
 
 
-def test_side_tasks_and_sweeps_are_refused_under_torchrun(tmp_path):
+def test_side_tasks_need_torchruns_store_and_sweeps_are_refused_under_torchrun(tmp_path):
+    """Side tasks under torchrun: one manager per host, whose port the host's ranks learn from
+    torchrun's agent store (tests/test_task_queue.py runs it); a launcher without one is refused."""
     r = cli("train", "--side-tasks", "pagerank", "--run-dir", tmp_path / "rd", env=FAKE_TORCHRUN, timeout=60)
     assert_clean_error(r, 2, "--side-tasks", "torchrun")
+    agent = {**FAKE_TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    r = cli("train", "--side-tasks", "pagerank", "--paired-block", "0", "--run-dir", tmp_path / "rd", env=agent, timeout=60)
+    assert_clean_error(r, 2, "--paired-block", "--baseline-report")
     r = cli("run", tmp_path / "missing.xml", "--sizes", "1KB,2KB", env=FAKE_TORCHRUN, timeout=60)
     assert_clean_error(r, 2, "--sizes", "torchrun")
 

@@ -117,3 +117,34 @@ def test_the_example_plan_prints_its_breakdown_and_draws_the_timeline(tmp_path):
     assert png.stat().st_size > 10_000
     again = cli("plan", ROOT_JOB, "--no-synth", "--cache", tmp_path / "c.json")
     assert again.code == 0 and "3 from the cache, 0 priced now" in again.out
+
+
+def test_a_plan_from_a_measured_run_is_close_to_the_run(tmp_path):
+    """``flowride plan --profile RUN_DIR``: the per-stage times a train run measured replace the
+    FLOP model; the planned iteration lands near the measured one (loosely here: the 2-core test
+    machine is shared; benchmarks/plan_validation.py measures it quietly)."""
+    run, rep = tmp_path / "run", tmp_path / "train.json"
+    r = cli("train", "--stages", "2", "--microbatches", "8", "--schedule", "1f1b", "--engine", "builtin", "--model", "small",
+            "--iters", "8", "--run-dir", run, "--report", rep, timeout=300)
+    assert r.code == 0, r.err[-2000:]
+    out = tmp_path / "plan.json"
+    r = cli("plan", "examples/plans/cpu-2stage.json", "--profile", run, "--no-cache", "--json", out)
+    assert r.code == 0, r.err[-2000:]
+    planned, measured = json.loads(out.read_text()), json.loads(rep.read_text())
+    assert "measured per-stage profile" in " ".join(planned["assumptions"])
+    assert 0.5 < planned["iteration_s"] / measured["iteration_time_s"] < 1.5
+    assert abs(planned["shares"]["bubbles"] - measured["bubble_fraction_measured"]) < 0.25
+
+
+def test_a_yaml_job_reads_as_its_json(tmp_path):
+    import yaml
+
+    d = json.loads(open(ROOT_JOB).read())
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(d))
+    from flowride.plan import load_job
+
+    assert load_job(f) == load_job(ROOT_JOB)
+    f.write_text("model: [unclosed")
+    r = cli("plan", f, "--no-synth", "--no-cache")
+    assert_clean_error(r, 2, "not valid YAML", within=30)

@@ -70,6 +70,14 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from flowride.plan.sweep import parse_sweep, ranked_by_value, sweep
 
     job = load_job(a.job)
+    if a.profile:  # a profile measured by flowride train / profile-bubbles replaces the FLOP model
+        from flowride.plan import job_from_dict
+        from flowride.plan.measured import PROFILE_KEYS, profile_from_run
+
+        prof = profile_from_run(a.profile)
+        data = job.model_dump()
+        data["model"].update({k: prof[k] for k in PROFILE_KEYS})
+        job = job_from_dict(data, f"{a.job} with the profile of {a.profile}")
     if a.no_synth:
         job = job.model_copy(update={"synthesis": job.synthesis.model_copy(update={"enabled": False})})
     limit = a.synth_time_limit or job.synthesis.time_limit_s
@@ -117,6 +125,8 @@ def add_plan(sub) -> None:
     """``flowride plan``."""
     pl = sub.add_parser("plan", help="price a training job on a whole cluster: bubbles, collectives, harvesting, synthesis")
     pl.add_argument("job", help="the job file (JSON or YAML): model, parallel, hardware, harvest (see docs/plan.md)")
+    pl.add_argument("--profile", metavar="RUN_DIR", help="per-stage times measured by a flowride train (or profile-bubbles) run "
+                    "in RUN_DIR instead of the FLOP model")
     pl.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2", help="rank configurations, e.g. pp=4,8,16 microbatches=8,16 schedule=1f1b,zbv")
     pl.add_argument("--json", type=out_file, help="write the report (or the sweep's rows) as JSON here")
     pl.add_argument("--timeline", type=out_file, help="write a PNG of one iteration here")

@@ -5,7 +5,11 @@ bar, and reported as tables.
 Started by torchrun (``torchrun --nnodes 2 --nproc-per-node 2 ... -m flowride train -p 4``),
 ``train`` and ``profile-bubbles`` run as one stage each instead of spawning their own: rank 0
 shows the progress, prints the tables and writes the files; the other ranks print nothing and
-exit with the run's code (docs/pipeline.md, "Several nodes")."""
+exit with the run's code (docs/pipeline.md, "Several nodes"). With ``--side-tasks`` there, local
+rank 0 of each host starts that host's side-task manager (:mod:`flowride.harvest.cluster`).
+
+``--store`` says where the side tasks are kept: left out, each host's own SQLite file; a
+``postgresql://`` URL, one queue that every host's manager leases from."""
 
 from __future__ import annotations
 
@@ -14,8 +18,15 @@ import argparse
 from rich.table import Table
 
 from flowride.argtypes import PORT, integer, number, out_file
-from flowride.cli.common import PIPELINE_OPTIONS, RunFailed, as_options, console, err, train_args
-from flowride.errors import InputError
+from flowride.cli.common import (
+    PIPELINE_OPTIONS,
+    RunFailed,
+    as_options,
+    console,
+    err,
+    refuse_unused,
+    train_args,
+)
 from flowride.files import write_json_atomic
 from flowride.sizes import MAX_MICROBATCHES, MAX_STAGES
 
@@ -95,11 +106,11 @@ def cmd_train(a: argparse.Namespace) -> int:
     mode = a.harvest.lower()
     side_steps: list[dict] = []
     if tasks and mode != "none":
-        if launched_as_rank():
-            raise InputError("--side-tasks", "needs flowride's own launcher: the harvest manager and its side tasks run "
-                             "beside the stages it starts on one machine", "run without torchrun, or leave out --side-tasks")
         res, rep, side_steps = _train_harvesting(a, cfg, tasks, mode)
+        if res is None:  # a rank other than 0 under torchrun: rank 0 reports
+            return 0
     else:
+        refuse_unused(a, "with --side-tasks", "leave it out, or name side tasks to harvest", store="--store")
         res = _run_training(cfg)
         if res is None:  # a rank other than 0 under torchrun: rank 0 reports
             return 0
@@ -108,12 +119,19 @@ def cmd_train(a: argparse.Namespace) -> int:
     if a.report:
         write_json_atomic(a.report, rep, indent=1)
     if a.timeline:
-        write_png(res.ranks, res.gaps, a.timeline, f"{cfg.schedule}, p={cfg.stages}, m={cfg.microbatches} (last iteration)", side_steps=side_steps)
+        g = rep.get("guard")
+        guard = (f"\nbudget guard: rung {g['level']} of 5 after {len(g['actions'])} action(s), factor {g['setting']['factor']:g}, "
+                 f"shortest bubble {g['setting']['min_bubble_s'] * 1e3:g} ms" + ("" if g["setting"]["harvest"] else ", harvesting paused")
+                 if g else "")
+        write_png(res.ranks, res.gaps, a.timeline, f"{cfg.schedule}, p={cfg.stages}, m={cfg.microbatches} (last iteration){guard}",
+                  side_steps=side_steps)
     if a.trace:
         write_trace(res.ranks, res.gaps, a.trace, side_steps=side_steps)
     console.print(_bubble_table(rep))
     if rep.get("harvest_mode", "none") != "none":
         console.print(_harvest_table(rep))
+        for note in rep.get("store_notes", []):
+            console.print(f"note: {note}", soft_wrap=True, highlight=False)
     console.print(
         f"iteration {rep['iteration_time_s'] * 1e3:.1f} ms (median after warm-up); loss {rep['losses'][0]:.4f} -> "
         f"{rep['losses'][-1]:.4f}; bubble fraction measured {rep['bubble_fraction_measured']:.3f}, "
@@ -133,32 +151,55 @@ def _train_harvesting(a: argparse.Namespace, cfg, tasks: list[str], mode: str):
     harvesting switched on and off in randomized blocks (the paired overhead)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from flowride.harvest.cluster import check_cluster_run, harvest_as_rank
     from flowride.harvest.session import check_comparison, compare, read_baseline_report
+    from flowride.harvest.stores import check_store
     from flowride.harvest.supervise import ManagerUnavailable
     from flowride.pipeline.launch import TrainingFailed
+    from flowride.ranks import launched_as_rank
 
+    as_rank = launched_as_rank()
     with as_options(**PIPELINE_OPTIONS):
         check_comparison(cfg, mode, tasks, a.paired_block, a.budget, a.price_ref, a.price_main)
+    store = check_store(a.store)
     base_rep = None
     if a.baseline_report:
         base_rep = read_baseline_report(a.baseline_report, "--baseline-report")
+    if as_rank:  # one stage of a torchrun job: one manager per host (harvest/cluster.py)
+        check_cluster_run(a.paired_block, base_rep)
     with Progress(TextColumn("[bold]train+harvest[/bold] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=err) as prog:
+                  TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=err,
+                  disable=as_rank and _rank() != 0) as prog:
         task = prog.add_task("profiling side tasks", total=cfg.iters, loss="-")
 
         def on_stage(msg: str) -> None:
             prog.update(task, description=msg, completed=0)
 
-        def on_progress(ev: dict) -> None:
-            prog.update(task, completed=ev["iteration"] + 1, loss=f"{ev['loss']:.4f}")
+        def on_progress(ev: dict) -> None:  # under torchrun rank 0 may hold no last stage: no loss
+            prog.update(task, completed=ev["iteration"] + 1, loss="-" if ev["loss"] is None else f"{ev['loss']:.4f}")
 
         try:
-            c = compare(cfg, mode, tasks, paired_block=a.paired_block, baseline_report=base_rep, p_ref=a.price_ref,
-                        p_main=a.price_main, budget_pct=a.budget, bubble_profile=a.bubble_profile,
-                        on_stage=on_stage, on_progress=on_progress)
+            if as_rank:
+                with as_options(**PIPELINE_OPTIONS):
+                    c = harvest_as_rank(cfg, mode, tasks, paired_block=a.paired_block, baseline_report=base_rep,
+                                        p_ref=a.price_ref, p_main=a.price_main, budget_pct=a.budget, guard=a.guard == "on",
+                                        bubble_profile=a.bubble_profile, store=store, on_stage=on_stage,
+                                        on_progress=on_progress)
+            else:
+                c = compare(cfg, mode, tasks, paired_block=a.paired_block, baseline_report=base_rep, p_ref=a.price_ref,
+                            p_main=a.price_main, budget_pct=a.budget, bubble_profile=a.bubble_profile,
+                            on_stage=on_stage, on_progress=on_progress, guard=a.guard == "on", store=store)
         except (TrainingFailed, ManagerUnavailable) as e:
             raise RunFailed(str(e)) from None
+    if c is None:
+        return None, None, []
+    c.report.setdefault("store_notes", c.record.get("store_notes", []))
     return c.result, c.report, c.record.get("steps", [])
+
+
+def _efficiency(rep: dict) -> str:
+    e, why = rep["harvest_efficiency"], rep.get("harvest_efficiency_note")
+    return ("n/a" if e is None else f"{e:.2f}") + (f" ({why})" if why else "")
 
 
 def _harvest_table(rep: dict) -> Table:
@@ -166,12 +207,20 @@ def _harvest_table(rep: dict) -> Table:
     ci_text = f" (95% CI {ci[0]:+.2f}..{ci[1]:+.2f}, {rep['overhead_pairs']} pairs)" if ci else ""
     budget = {"within": "within", "over": "OVER", "undecided": "undecided against"}[rep["budget_verdict"]]
     t = Table(title=f"harvest ({rep['harvest_mode']}): overhead {rep['overhead_pct']:+.2f}%{ci_text}, {budget} the "
-                    f"{rep['overhead_budget_pct']:g}% budget; efficiency {rep['harvest_efficiency']:.2f}, savings {rep['cost']['savings']:+.4f}")
+                    f"{rep['overhead_budget_pct']:g}% budget; efficiency {_efficiency(rep)}, savings {rep['cost']['savings']:+.4f}")
     for c in ("task", "steps", "units", "units/s", "dedicated units/s", "overruns"):
         t.add_column(c, justify="right")
     for tid, d in rep["side_work"].items():
         t.add_row(f"{tid}:{d['name']}", str(d["steps"]), f"{d['units']:.0f} {d['unit']}", f"{d['throughput']:.1f}",
                   f"{d['dedicated_throughput']:.1f}", str(d["overruns"]))
+    g = rep.get("guard")
+    if g:
+        last = g["actions"][-1] if g["actions"] else None
+        settled = "n/a" if g["settled_overhead_pct"] is None else f"{g['settled_overhead_pct']:+.2f}%"
+        t.caption = (f"budget guard: rung {g['level']} (factor {g['setting']['factor']:g}, shortest bubble "
+                     f"{g['setting']['min_bubble_s'] * 1e3:g} ms), {len(g['actions'])} action(s)"
+                     + (f", last: {last['action']} at iteration {last['iteration']}" if last else "")
+                     + f"; settled at {settled} over {g['pairs_at_level']} pair(s) of its own measurement")
     for f in rep["failures"]:
         t.add_row(f"{f['task']}:{f['name']}", "FAILED", (f["reason"] or "")[:60], "", "", "")
     if rep.get("manager_restarts"):
@@ -219,12 +268,17 @@ def add_train(sub) -> None:
     tr.add_argument("--bubble-profile", help="bubble profile JSON (from profile-bubbles) for predicted bubble ends")
     tr.add_argument("--side-tasks", help="comma-separated side tasks to run in the bubbles (e.g. pagerank,cnn,image)")
     tr.add_argument("--harvest", default="freeride", help="none, freeride, naive or priority (with --side-tasks)")
+    tr.add_argument("--store", help="where the side tasks are kept (with --side-tasks): left out, each host's own SQLite file "
+                    "(RUN_DIR/<host>/tasks.sqlite); postgresql://USER@HOST[:PORT]/DB, one queue that every host's manager "
+                    "leases from (under torchrun: the tasks are submitted once)")
     tr.add_argument("--baseline-report", help="a none-mode train report to measure overhead against (else one is run first)")
     tr.add_argument("--price-main", type=number(0, 1e9, lo_open=True, what="a price"), default=None, help="training job price per hour (default: stages x 1)")
     tr.add_argument("--price-ref", type=number(0, 1e9, lo_open=True, what="a price"), default=1.0, help="reference device price per hour (default 1)")
     tr.add_argument("--paired-block", type=integer(0, 10**6, "iterations"), default=2,
                     help="harvesting alternates on/off in randomized blocks of this many iterations (0: separate runs only)")
     tr.add_argument("--budget", type=number(0, 100, what="percent"), default=2.0, help="the training owner's overhead budget in percent (default 2)")
+    tr.add_argument("--guard", choices=("on", "off"), default="on", help="on (default): the manager measures the overhead all run "
+                    "long and backs off to hold it within --budget; off: the budget is only judged after the run")
     tr.set_defaults(func=cmd_train)
 
 

@@ -51,6 +51,7 @@ class Live:
     ready: bool = False
     finished: bool = False
     yield_asked: float | None = None
+    yield_cpu_s: float = 0.0  # the host's CPU time when the pause was asked (starved, not deaf: see cpu_s)
     bubble_end: float | None = None
     last_ckpt: float = field(default_factory=time.monotonic)
     saving: bool = False
@@ -60,6 +61,22 @@ class Live:
     def need_s(self, factor: float) -> float:
         """Time a bubble must still have for one more step (:func:`flowride.harvest.fitting.need_s`)."""
         return need_s(self.step_times, self.profiled_step_s, factor)
+
+    def cpu_state(self) -> tuple[str, float]:
+        """The host's scheduler state (R runnable, S sleeping, ...) and the CPU seconds it has
+        used, from /proc ("?", 0 once it is gone). A host at idle priority on a core training
+        keeps busy is runnable yet gets no CPU for a while after a pause request: starvation,
+        not a task ignoring the pause, and told apart by these two."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return "?", 0.0
+
+    def starved(self, grace: float) -> bool:
+        """Runnable but given less than half ``grace`` of CPU since the pause was asked."""
+        state, cpu = self.cpu_state()
+        return state == "R" and cpu - self.yield_cpu_s < grace / 2
 
     def send(self, cmd: dict) -> None:
         """One command to the host (a JSON line on its stdin); a host already gone is ignored."""

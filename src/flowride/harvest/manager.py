@@ -42,7 +42,9 @@ from pathlib import Path
 
 from flowride.files import write_json_atomic
 from flowride.harvest.fitting import candidates
+from flowride.harvest.guard import BudgetGuard
 from flowride.harvest.hosts import Live, cuda_devices, start_host
+from flowride.harvest.leasing import poll_queue
 from flowride.harvest.limits import Limits, mps_daemon_running, stage_cores
 from flowride.harvest.manager_files import (
     ManagerOptions,
@@ -53,12 +55,14 @@ from flowride.harvest.manager_files import (
     write_pid,
 )
 from flowride.harvest.states import TaskState
-from flowride.harvest.store import TaskRecord, TaskStore
+from flowride.harvest.store import TaskRecord
+from flowride.harvest.stores import open_store
 from flowride.harvest.task import ImperativeSpec, resolve
 from flowride.pipeline.events import BubbleEvent, BubbleSubscriber
 
 PROBE_STEPS = 3  # an unprofiled CPU task runs this many steps at idle priority to learn its step time
 CHECKPOINT_EVERY_S = 2.0
+STARVED_MAX_S = 60.0  # a starved host that has not yielded by then is failed all the same
 STORE_POLL_S = 0.2
 
 
@@ -68,7 +72,9 @@ class Manager:
         self.opts = opts
         self.run_dir = Path(run_dir)
         (self.run_dir / "tasks").mkdir(parents=True, exist_ok=True)
-        self.store = TaskStore.in_run_dir(self.run_dir)
+        # this host's SQLite file in the run directory, or the cluster queue (opts.store: a URL)
+        self.store = open_store(opts.store, self.run_dir, opts.host or None, opts.lease_s)
+        self.last_queue_poll = 0.0  # harvest/leasing.py
         self.stages, self.mode, self.factor = opts.stages, opts.mode, opts.factor
         # GPUs on this host (NVML count: no CUDA context in the manager)
         self.gpus = cuda_devices() if opts.device == "cuda" else 0
@@ -83,6 +89,13 @@ class Manager:
         self.running_on: dict[int, Live] = {}
         self.bubble: dict[int, BubbleEvent] = {}
         self.harvesting = True  # switched by "on"/"off" events (paired overhead runs)
+        # the budget guard (harvest/guard.py): fed stage 0's iteration times, it sets what may run
+        self.guard = (BudgetGuard(opts.budget_pct, block=opts.guard_block, every=opts.guard_every)
+                      if opts.budget_pct is not None and opts.mode == "freeride" else None)
+        self.iter_start: tuple[int, float] | None = None  # stage 0's current iteration and its start
+        self.iter_on = True  # whether side work may run in that iteration
+        self.type_steps: dict[str, list[int]] = {}  # bubble type -> [steps, steps that overran]
+        self.type_of: dict[int, str] = {}  # task id -> the bubble type it runs in now
         self.failures: list[dict] = []
         self.stop = threading.Event()
         self.next_stage = 0
@@ -149,9 +162,51 @@ class Manager:
             return
         if ev.predicted_end is None or ev.predicted_end <= time.monotonic():
             return
-        cands = candidates(self.live.values(), stage, ev, time.monotonic(), self.factor)
+        if not self._guard_allows(ev):
+            return
+        cands = candidates(self.live.values(), stage, ev, time.monotonic(), self._factor())
+        if self.guard is not None and self.guard.setting.skip_overrunning:
+            cands = [c for c in cands if not _overran(c.steps, c.overruns)]
         if cands:
+            self.type_of[cands[0].rec.id] = ev.type
             self._start(cands[0], stage, ev.predicted_end)
+
+    # ------------------------------------------------------------------ the budget guard
+    def _factor(self) -> float:
+        return max(self.factor, self.guard.setting.factor) if self.guard is not None else self.factor
+
+    def _may_harvest(self, iteration: int) -> bool:
+        if self.guard is None:
+            return self.harvesting
+        return self.harvesting and self.guard.setting.harvest and not self.guard.measuring_off(iteration)
+
+    def _guard_allows(self, ev: BubbleEvent) -> bool:
+        """The guard's current rung lets a step start in bubble ``ev``: not an iteration kept
+        for measuring, a bubble long enough, room for one more running task, a bubble type
+        whose steps did not overrun."""
+        if self.guard is None:
+            return True
+        s = self.guard.setting
+        if not self._may_harvest(ev.iteration):
+            return False
+        if ev.predicted_end - ev.start < s.min_bubble_s:
+            return False
+        if s.max_running is not None and len(self.running_on) >= s.max_running:
+            return False
+        return not (s.skip_overrunning and _overran(*self.type_steps.get(ev.type, (0, 0))))
+
+    def _on_iteration(self, ev: BubbleEvent) -> None:
+        """Stage 0 began iteration ``ev.iteration``: the last one's time goes to the guard, and
+        an iteration kept for measuring starts with every side task paused."""
+        if self.guard is None or ev.stage != 0:
+            return
+        if self.iter_start is not None and ev.iteration > self.iter_start[0]:
+            self.guard.observe(self.iter_start[0], ev.start - self.iter_start[1], self.iter_on)
+        self.iter_start = (ev.iteration, ev.start)
+        self.iter_on = self._may_harvest(ev.iteration)
+        if not self.iter_on:
+            for t in list(self.live.values()):
+                self._pause(t)
 
     def _start(self, live: Live, stage: int, until: float) -> None:
         if live.home is None and live.stage != stage:
@@ -161,7 +216,7 @@ class Manager:
         self.running_on[live.stage] = live
         self._set_state(live, TaskState.RUNNING)
         if live.kind == "iterative":
-            live.send({"cmd": "run", "until": until, "need_s": live.need_s(self.factor)})
+            live.send({"cmd": "run", "until": until, "need_s": live.need_s(self._factor())})
         else:
             live.send_signal(signal.SIGCONT)
 
@@ -171,6 +226,7 @@ class Manager:
         if live.kind == "iterative":
             if live.yield_asked is None:
                 live.yield_asked = time.monotonic()
+                live.yield_cpu_s = live.cpu_state()[1]
                 live.send_signal(signal.SIGUSR1)
         else:
             live.send_signal(signal.SIGSTOP)
@@ -205,6 +261,10 @@ class Manager:
                 over = ev["t1"] - live.bubble_end
                 live.overruns += 1
                 live.overrun_s += over
+            if self.mode == "freeride" and live.rec.id in self.type_of:
+                counts = self.type_steps.setdefault(self.type_of[live.rec.id], [0, 0])
+                counts[0] += 1
+                counts[1] += over > 0
             rec = {"stage": live.stage, "task": live.rec.id, "name": live.rec.name, "t0": ev["t0"],
                    "t1": ev["t1"], "units": ev["units"], "overrun_s": over}
             self.steps_file.write(json.dumps(rec) + "\n")
@@ -262,8 +322,13 @@ class Manager:
             self._store_checkpoint(live)
 
     def _on_bubble_event(self, ev: BubbleEvent) -> None:
+        if ev.kind == "iter":
+            self._on_iteration(ev)
+            return
         if ev.kind in ("on", "off"):
             self.harvesting = ev.kind == "on"
+            if self.guard is not None:
+                self.guard.external = True
             if not self.harvesting:
                 for t in list(self.live.values()):
                     self._pause(t)
@@ -283,7 +348,11 @@ class Manager:
         for t in list(self.live.values()):
             if self.mode == "freeride" and t.running and t.kind == "imperative" and t.bubble_end and now >= t.bubble_end:
                 self._pause(t)
-            if t.yield_asked is not None and now - t.yield_asked > max(self.opts.pause_grace_s, 20 * t.need_s(self.factor)):
+            grace = max(self.opts.pause_grace_s, 20 * t.need_s(self._factor()))
+            # ignoring a pause: past the grace, unless starved (a host at idle priority on a core
+            # training keeps busy may not run at all for a while), and never past STARVED_MAX_S
+            late = t.yield_asked is not None and now - t.yield_asked > grace
+            if late and (now - t.yield_asked > STARVED_MAX_S or not t.starved(grace)):
                 self._fail(t, f"ignored a pause for {now - t.yield_asked:.2f} s")
                 continue
             due = t.kind == "iterative" and now - t.last_ckpt > CHECKPOINT_EVERY_S
@@ -298,6 +367,9 @@ class Manager:
 
     def _poll_store(self) -> None:
         """New submissions and cancellations, seen while running (the store is shared)."""
+        if self.store.is_queue:
+            self._poll_queue()
+            return
         for rec in self.store.list():
             if rec.state is TaskState.SUBMITTED and rec.id not in self.live and not rec.cancel_requested:
                 try:
@@ -309,6 +381,10 @@ class Manager:
                 live.kill()
                 self._forget(live)
                 self._set_state(live, TaskState.STOPPED, "cancelled by the user")
+
+    def _poll_queue(self) -> None:
+        """The cluster queue: leases taken, lost and cancelled (:func:`flowride.harvest.leasing.poll_queue`)."""
+        poll_queue(self)
 
     # ------------------------------------------------------------------ loops
     def _schedule_loop(self) -> None:
@@ -385,11 +461,19 @@ class Manager:
             "failures": [{"task": t.id, "name": t.name, "stage": t.stage, "reason": t.reason}
                          for t in tasks if t.state is TaskState.FAILED],
             "tasks": [t.to_dict() for t in tasks],
+            "guard": self.guard.report() if self.guard is not None else None,
         }
         write_json_atomic(self.run_dir / "harvest.json", record)
         remove_pid(self.run_dir)
         self.sub.close()
         self.store.close()
+
+
+OVERRAN_SHARE = 0.1  # a task or bubble type whose steps overran this often is skipped on the guard's upper rungs
+
+
+def _overran(steps: int, overruns: int) -> bool:
+    return steps >= 5 and overruns > OVERRAN_SHARE * steps
 
 
 def read_steps(run_dir: str | Path) -> list[dict]:

@@ -9,7 +9,8 @@ clock ticks since boot) and run directory. A pid is reused once its process exit
 signals a process only when all three still match: an unrelated process that took the number is
 left alone.
 
-- ``manager.json``: :class:`ManagerOptions`, so a restart starts an identical manager;
+- ``manager.json``: :class:`ManagerOptions`, so a restart starts an identical manager (with the
+  same task store, ``store``, and host id, ``host``: it leases under the same name);
 - ``task-profiles.json``: task name -> measured profile;
 - ``manager.pid``: ``{"pid", "start_ticks", "run_dir"}`` while the manager runs;
 - ``manager.ready``: the UDP port, written once the manager listens.
@@ -17,12 +18,14 @@ left alone.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from flowride.errors import InputError
 from flowride.files import parse_json_text, read_text, write_json_atomic
+from flowride.harvest.hostfs import check_host
 
 OPTIONS_FILE = "manager.json"
 PROFILES_FILE = "task-profiles.json"
@@ -49,6 +52,15 @@ class ManagerOptions:
     default_memory_mb: int = 2048
     device: str = "cpu"  # where side tasks compute: cpu | cuda
     mps_thread_percentage: int = 50  # applied only when an MPS daemon runs
+    budget_pct: float | None = 2.0  # the overhead the budget guard holds harvesting to (None: no guard)
+    guard_block: int = 1  # iterations per block of the guard's measurement
+    guard_every: int = 8  # one block in this many runs training alone, to measure the overhead
+    # where the tasks are kept: None, each host's SQLite file (RUN_DIR/<host>/tasks.sqlite); or a
+    # postgresql:// URL, one queue every host's manager leases from (harvest/stores.py)
+    store: str | None = None
+    host: str = ""  # this manager's host id ("": FLOWRIDE_HOST_ID or the hostname, fixed when it starts)
+    lease_s: float = 10.0  # the queue: a lease not renewed for this long lapses and the task goes back
+    lease_tasks: int = 0  # the queue: tasks held at once (0: one per stage)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -61,6 +73,25 @@ class ManagerOptions:
             raise ValueError("stages must be a positive integer")
         if not isinstance(self.port, int) or isinstance(self.port, bool) or not 0 <= self.port <= 65535:
             raise ValueError("port must be 0..65535")
+        if self.store is not None and (not isinstance(self.store, str)
+                                       or self.store.split("://", 1)[0] not in ("postgresql", "postgres")):
+            raise ValueError("store must be null (each host's SQLite file) or a postgresql:// URL")
+        if self.host:
+            try:
+                check_host(self.host)
+            except InputError as e:
+                raise ValueError(f"host: {e.problem}") from None
+        if not isinstance(self.lease_s, int | float) or isinstance(self.lease_s, bool) \
+                or not math.isfinite(self.lease_s) or not 0.5 <= self.lease_s <= 3600:
+            raise ValueError("lease_s must be 0.5..3600 seconds")
+        if not isinstance(self.lease_tasks, int) or isinstance(self.lease_tasks, bool) or self.lease_tasks < 0:
+            raise ValueError("lease_tasks must be 0 (one per stage) or more")
+        if self.budget_pct is not None and not (isinstance(self.budget_pct, int | float) and 0 <= self.budget_pct <= 100):
+            raise ValueError("budget_pct must be a percentage 0..100 or null")
+        for name in ("guard_block", "guard_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < (1 if name == "guard_block" else 2):
+                raise ValueError(f"{name} must be an integer >= {1 if name == 'guard_block' else 2}")
 
 
 def _read(path: Path, what: str) -> object:

@@ -25,7 +25,7 @@ from flowride.harvest.cost import harvest_efficiency, savings
 from flowride.harvest.manager_files import ManagerOptions
 from flowride.harvest.profile import profile_task
 from flowride.harvest.stats import paired_overhead
-from flowride.harvest.store import TaskStore
+from flowride.harvest.stores import open_store
 from flowride.harvest.supervise import ManagerProcess, ManagerUnavailable
 from flowride.harvest.task import ImperativeSpec, resolve
 from flowride.pipeline.config import TrainConfig
@@ -53,17 +53,31 @@ def job_params(name: str, device: str = "cpu") -> dict:
     return params
 
 
+def _created(tasks: list, host: str, queue: bool) -> bool:
+    """Whether the side tasks this host's manager will run are past creation. The queue holds
+    every host's tasks: there, those another host leased are its business, and one left in the
+    queue counts only while this host holds none (it is at its cap, or another host's turn)."""
+    from flowride.harvest.states import TaskState
+
+    early = (TaskState.SUBMITTED, TaskState.CREATED)
+    if not queue:
+        return all(t.state not in early for t in tasks)
+    live = [t for t in tasks if not t.state.terminal]
+    mine = [t for t in live if t.host == host]
+    unleased = [t for t in live if t.host is None]
+    return all(t.state not in early for t in mine) and (bool(mine) or not unleased)
+
+
 def wait_until_created(run_dir: Path, mp: ManagerProcess, timeout: float = 180.0) -> None:
     """Side tasks are created (process started, setup done) before training starts, so the first
     bubbles find them ready; creation itself runs at idle priority."""
-    from flowride.harvest.states import TaskState
-
-    store = TaskStore.in_run_dir(run_dir)
+    store = open_store(mp.opts.store, run_dir, mp.opts.host)
     t0 = time.monotonic()
     try:
         while True:
-            states = [t.state for t in store.list()]
-            if all(s not in (TaskState.SUBMITTED, TaskState.CREATED) for s in states):
+            tasks = store.list()
+            states = [t.state for t in tasks]
+            if _created(tasks, mp.opts.host, store.is_queue):
                 return
             if not mp.alive() or time.monotonic() - t0 > timeout:
                 raise ManagerUnavailable(f"side tasks were not created in time (states: {[str(s) for s in states]}); "
@@ -90,9 +104,12 @@ def profiles_for(tasks: list[str], cache: Path | None = None) -> dict[str, dict]
 
 
 def run_harvest(cfg: TrainConfig, mode: str, tasks: list[str], profiles: dict[str, dict], on_progress=None,
-                bubble_profile: str | None = None, side_device: str = "cpu", max_restarts: int = 3) -> tuple[TrainResult, dict]:
+                bubble_profile: str | None = None, side_device: str = "cpu", max_restarts: int = 3,
+                budget_pct: float | None = DEFAULT_BUDGET_PCT, store: str | None = None) -> tuple[TrainResult, dict]:
     """Train ``cfg`` with side ``tasks`` under ``mode``; returns the training result and the
-    manager's record (side-task steps, failures, final task states, manager restarts)."""
+    manager's record (side-task steps, failures, final task states, manager restarts, what the
+    budget guard did). ``budget_pct``: the overhead the guard holds harvesting to (None: off).
+    ``store``: None for this host's SQLite store in the run directory, or the cluster queue's URL."""
     if mode not in HARVEST_MODES:
         raise InputError("--harvest", f"unknown mode {mode!r}", f"choose one of {', '.join(HARVEST_MODES)}")
     run_dir = Path(cfg.run_dir)
@@ -101,12 +118,9 @@ def run_harvest(cfg: TrainConfig, mode: str, tasks: list[str], profiles: dict[st
     if mode == "none" or not tasks:
         return train(pinned, on_progress), {"steps": [], "failures": [], "tasks": [], "mode": mode,
                                             "manager_restarts": 0, "harvest_stopped": None}
-    store = TaskStore.in_run_dir(run_dir)
-    for name in tasks:
-        store.submit(name, job_params(name, side_device))
-    store.close()
-    mp = ManagerProcess(run_dir, ManagerOptions(stages=cfg.stages, mode=mode, device=side_device), profiles,
-                        max_restarts=max_restarts)
+    mp = ManagerProcess(run_dir, ManagerOptions(stages=cfg.stages, mode=mode, device=side_device, budget_pct=budget_pct,
+                                                store=store), profiles, max_restarts=max_restarts)
+    submit_tasks(mp, tasks, side_device)
     port = mp.start()
     try:
         wait_until_created(run_dir, mp)
@@ -115,6 +129,18 @@ def run_harvest(cfg: TrainConfig, mode: str, tasks: list[str], profiles: dict[st
     finally:
         record = mp.stop()
     return res, record
+
+
+def submit_tasks(mp: ManagerProcess, tasks: list[str], side_device: str = "cpu", only_if_idle: bool = False) -> list[int]:
+    """Submit ``tasks`` (as long jobs) to the store ``mp``'s manager will use; ``only_if_idle``:
+    only when it holds no unfinished task (a re-run resumes those instead). Returns their ids."""
+    store = open_store(mp.opts.store, mp.run_dir, mp.opts.host)
+    try:
+        if only_if_idle and store.unfinished():
+            return []
+        return [store.submit(name, job_params(name, side_device)) for name in tasks]
+    finally:
+        store.close()
 
 
 def _in_windows(t0: float, windows: list[tuple[float, float]]) -> bool:
@@ -170,8 +196,10 @@ def harvest_report(base_rep: dict | None, rep: dict, record: dict, mode: str, pr
         (statistics.median(harvesting) / base_rep["iteration_time_s"] - 1.0) * 100.0 if base_rep is not None else None
     )
     side: dict[str, dict] = {}
+    outside = 0
     for st in record.get("steps", []):
         if not _in_windows(st["t0"], counted):
+            outside += 1
             continue  # only work done while (harvesting) training ran counts
         d = side.setdefault(str(st["task"]), {"name": st["name"], "steps": 0, "units": 0.0, "busy_s": 0.0, "overruns": 0, "overrun_s": 0.0})
         d["steps"] += 1
@@ -187,6 +215,7 @@ def harvest_report(base_rep: dict | None, rep: dict, record: dict, mode: str, pr
         d["dedicated_throughput"] = prof.get("throughput", 0.0)
         if d["dedicated_throughput"] > 0:
             dedicated += d["units"] / d["dedicated_throughput"]
+    efficiency, why_not = _efficiency(side, dedicated, bubble, outside)
     lo, hi = out["overhead_ci95"] if out.get("overhead_ci95") else (out["overhead_pct"], out["overhead_pct"])
     out.update({
         # within: the whole interval is under the budget; over: the whole interval above it;
@@ -194,7 +223,9 @@ def harvest_report(base_rep: dict | None, rep: dict, record: dict, mode: str, pr
         "within_budget": bool(hi <= budget_pct),
         "budget_verdict": "within" if hi <= budget_pct else ("over" if lo > budget_pct else "undecided"),
         "side_work": side,
-        "harvest_efficiency": harvest_efficiency(dedicated, bubble),
+        "harvest_efficiency": efficiency,
+        "harvest_efficiency_note": why_not,
+        "side_steps_outside_measured_iterations": outside,
         "bubble_seconds": bubble,
         "cost": savings(t_v, t_f, dedicated, p_ref, p_main),
         "losses_identical": (rep["losses"] == base_rep["losses"]) if base_rep is not None else None,
@@ -202,8 +233,23 @@ def harvest_report(base_rep: dict | None, rep: dict, record: dict, mode: str, pr
         "tasks": record.get("tasks", []),
         "manager_restarts": record.get("manager_restarts", 0),
         "harvest_stopped": record.get("harvest_stopped"),
+        "guard": record.get("guard"),
     })
     return out
+
+
+def _efficiency(side: dict[str, dict], dedicated: float, bubble: float, outside: int) -> tuple[float | None, str | None]:
+    """Harvest efficiency and, where it cannot be computed, why (a figure that cannot be computed
+    says so: a 0.00 would read as "no work done" when work was done but cannot be weighed)."""
+    if bubble <= 0:
+        return None, "no bubble time was measured in the harvesting iterations"
+    unweighed = sorted({d["name"] for d in side.values() if d["units"] > 0 and d["dedicated_throughput"] <= 0})
+    if unweighed:
+        return None, (f"no dedicated throughput for {', '.join(unweighed)}: profile it (flowride profile-task) so its work "
+                      "can be weighed")
+    if not side and outside:
+        return 0.0, f"all {outside} side step(s) ran outside the measured iterations (warm-up, or after the last)"
+    return harvest_efficiency(dedicated, bubble), None
 
 
 def _block_of(flags: list[bool | None]) -> int:
@@ -267,10 +313,12 @@ def compare(cfg: TrainConfig, mode: str, tasks: list[str], *, paired_block: int 
             baseline_report: dict | None = None, profiles: dict[str, dict] | None = None,
             p_ref: float = 1.0, p_main: float | None = None, budget_pct: float = DEFAULT_BUDGET_PCT,
             side_device: str = "cpu", bubble_profile: str | None = None,
-            on_stage: Callable[[str], None] | None = None, on_progress=None) -> Comparison:
+            on_stage: Callable[[str], None] | None = None, on_progress=None, guard: bool = True,
+            store: str | None = None) -> Comparison:
     """Train ``cfg`` alone (unless ``baseline_report`` is given or ``baseline`` is False), then
     with side ``tasks`` in ``mode``, harvesting switched on and off in randomized blocks of
-    ``paired_block`` iterations (0: not paired, against the baseline run only)."""
+    ``paired_block`` iterations (0: not paired, against the baseline run only). ``guard``: the
+    manager's budget guard holds the overhead to ``budget_pct`` (off: the budget is only judged)."""
     check_comparison(cfg, mode, tasks, paired_block, budget_pct, p_ref, p_main)
     run_dir = Path(cfg.run_dir)
     say = on_stage or (lambda _s: None)
@@ -286,7 +334,8 @@ def compare(cfg: TrainConfig, mode: str, tasks: list[str], *, paired_block: int 
     say(f"harvesting: {mode} with {', '.join(tasks) or 'no tasks'}"
         + (f", on/off in blocks of {paired_block} iterations" if paired_block else ""))
     res, record = run_harvest(replace(cfg, paired_block=paired_block), mode, tasks, profiles, on_progress,
-                              bubble_profile=bubble_profile, side_device=side_device)
+                              bubble_profile=bubble_profile, side_device=side_device, budget_pct=budget_pct if guard else None,
+                              store=store)
     rep = res.report()
     rep.update(harvest_report(base_rep, rep, record, mode, profiles, p_ref, p_main, budget_pct, paired_block or None))
     return Comparison(base_rep, res, record, rep)

@@ -1,9 +1,15 @@
-"""The durable side-task store: SQLite in WAL mode under the run directory.
+"""The durable side-task store: SQLite in WAL mode, one file per host under the run directory.
 
 Tasks, their states, progress counters and checkpoints live here, so `flowride tasks ...` can
 read and write while training runs (WAL lets readers and one writer work at once), and a manager
 killed with -9 loses nothing: on restart, every unfinished task is taken up again from its last
 checkpoint.
+
+Each host has its own file, ``RUN_DIR/<host>/tasks.sqlite`` (:func:`flowride.harvest.hostfs.store_path`),
+so hosts sharing a run directory never share a database. On a network filesystem the WAL's
+shared-memory index cannot work across the mount, so there the store runs with
+``journal_mode=DELETE`` (readers wait for a writer) and says so in :attr:`TaskStore.notes`; a
+queue that several hosts share is PostgreSQL's job (:mod:`flowride.harvest.store_pg`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from flowride.errors import InputError
+from flowride.harvest.hostfs import network_mount, store_path
 from flowride.harvest.states import TaskState, check_transition
 
 SCHEMA = """
@@ -67,6 +74,7 @@ class TaskRecord:
     cancel_requested: bool
     created: float
     updated: float
+    host: str | None = None  # the cluster queue: the host that holds (or last held) the task's lease
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -74,25 +82,53 @@ class TaskRecord:
         return d
 
 
-def _record(row: sqlite3.Row) -> TaskRecord:
-    d = dict(row)
+RECORD_FIELDS = tuple(TaskRecord.__dataclass_fields__)
+
+
+def record_from(row) -> TaskRecord:
+    """A task record from a row of either store (a mapping of column -> value; columns a
+    record does not hold, such as the queue's lease, are left out)."""
+    d = {k: row[k] for k in RECORD_FIELDS if k in row.keys()}
     d["params"] = json.loads(d["params"])
     d["state"] = TaskState(d["state"])
     d["cancel_requested"] = bool(d["cancel_requested"])
     return TaskRecord(**d)
 
 
+_record = record_from
+
+
+def network_note(run_dir: str | Path) -> str | None:
+    """What a run directory on a network filesystem means for the embedded store (None on a local disk)."""
+    m = network_mount(run_dir)
+    if m is None:
+        return None
+    return (f"the run directory is on a network filesystem ({m.fstype} at {m.point}): each host keeps its own "
+            "SQLite store (RUN_DIR/<host>/tasks.sqlite) in journal_mode=DELETE, since SQLite's WAL does not work "
+            "across such a mount; for one queue that every host shares, use --store postgresql://USER@HOST/DB")
+
+
 class TaskStore:
+    """One host's SQLite task store (a single file)."""
+
+    is_queue = False  # hosts do not share it: nothing is leased
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.notes: list[str] = []
         fix = "give the run directory of a training run; move the damaged file aside to start a new store"
         if self.path.is_dir():
             raise InputError("task store", f"{self.path} is a directory, not a task store", fix)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            note = network_note(self.path.parent)
             self.db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
             self.db.row_factory = sqlite3.Row
-            self.db.execute("PRAGMA journal_mode=WAL")
+            if note is None:
+                self.db.execute("PRAGMA journal_mode=WAL")
+            else:  # WAL's shared-memory index is unsafe on a network filesystem
+                self.db.execute("PRAGMA journal_mode=DELETE")
+                self.notes.append(note)
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
             have = {r[1] for r in self.db.execute("PRAGMA table_info(tasks)")}
@@ -106,8 +142,12 @@ class TaskStore:
             raise InputError("task store", f"{self.path} is not a flowride task store (its 'tasks' table has no {', '.join(missing)})", fix)
 
     @classmethod
-    def in_run_dir(cls, run_dir: str | Path) -> TaskStore:
-        return cls(Path(run_dir) / "tasks.sqlite")
+    def in_run_dir(cls, run_dir: str | Path, host: str | None = None) -> TaskStore:
+        """``host``'s (default: this host's) store in ``run_dir`` (:func:`~flowride.harvest.hostfs.store_path`)."""
+        return cls(store_path(run_dir, host))
+
+    def describe(self) -> str:
+        return f"sqlite:{self.path}"
 
     def close(self) -> None:
         self.db.close()
@@ -195,7 +235,8 @@ class TaskStore:
 
 def existing_run_dir(run_dir: str | Path, field: str = "run_dir") -> Path:
     """``run_dir`` if it already exists: a store nobody reads is refused rather than created
-    (``field`` names where the directory came from in errors)."""
+    (``field`` names where the directory came from in errors). The store in it is this host's,
+    :func:`~flowride.harvest.hostfs.store_path`."""
     d = Path(run_dir)
     if not d.is_dir():
         raise InputError(field, f"{d} does not exist" if not d.exists() else f"{d} is not a directory",

@@ -9,7 +9,9 @@ up and says why; training goes on either way, its events simply go unheard.
 
 Everything needed to start an identical manager is kept in the run directory (``manager.json``,
 ``task-profiles.json``), so ``flowride manager status|restart|stop --run-dir D`` works from any
-shell while training runs.
+shell while training runs. ``manager.json`` also names the manager's task store (``store``: each
+host's SQLite file, or the cluster queue's URL) and its host id (``host``), fixed when it is first
+started, so a restart leases under the same name and finds the same tasks.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from flowride.errors import InputError
+from flowride.harvest.hostfs import host_id
 from flowride.harvest.manager_files import (
     OPTIONS_FILE,
     ManagerOptions,
@@ -37,6 +40,13 @@ from flowride.harvest.manager_files import (
     ready_file,
     write_options,
     write_profiles,
+)
+from flowride.harvest.stores import (
+    check_store,
+    describe_store,
+    open_store,
+    store_exists,
+    store_notes,
 )
 from flowride.ranks import set_parent_death_signal
 
@@ -71,7 +81,9 @@ class ManagerProcess:
     def __init__(self, run_dir: str | Path, opts: ManagerOptions, profiles: dict[str, dict] | None = None,
                  max_restarts: int = 3, poll_s: float = 0.2, start_timeout_s: float = 60.0, detached: bool = False) -> None:
         self.run_dir = Path(run_dir)
-        self.opts = opts
+        # the host id and the store are fixed here and kept in manager.json: a restart (here or
+        # by `flowride manager restart`) leases under the same name from the same store
+        self.opts = replace(opts, host=opts.host or host_id(), store=check_store(opts.store))
         self.profiles = profiles or {}
         self.max_restarts = max_restarts
         self.poll_s = poll_s
@@ -150,7 +162,14 @@ class ManagerProcess:
         record["manager_restarts"] = self.restarts
         record["harvest_stopped"] = self.gave_up
         record["manager_history"] = self.history
+        record.update(self.store_summary())
         return record
+
+    def store_summary(self) -> dict:
+        """Where this manager's tasks are kept, and what the summary must say about it (a run
+        directory on a network filesystem)."""
+        return {"host": self.opts.host, "store": describe_store(self.opts.store, self.run_dir, self.opts.host),
+                "store_notes": store_notes(self.opts.store, self.run_dir)}
 
     # ------------------------------------------------------------------ supervision
     def watch(self) -> None:
@@ -190,30 +209,37 @@ def check_manager_dir(run_dir: str | Path, field: str = "run_dir") -> Path:
     return d
 
 
-def manager_status(run_dir: str | Path) -> dict:
-    """What a run directory's manager is doing: alive or not, its port, its tasks (every file
-    read through :mod:`~flowride.harvest.manager_files`, so a damaged one is one clear error)."""
-    from flowride.harvest.store import TaskStore
-
+def manager_status(run_dir: str | Path, store: str | None = None) -> dict:
+    """What a run directory's manager is doing: alive or not, its port, its store and its tasks
+    (every file read through :mod:`~flowride.harvest.manager_files`, so a damaged one is one
+    clear error). ``store`` reads another store than the manager's own (``--store``)."""
     d = Path(run_dir)
     rec = read_pid(d)
     ours, why = is_our_manager(rec, d) if rec else (False, "no manager.pid: no manager runs")
+    opts = read_options(d)
+    store = check_store(store) if store is not None else opts.store
+    host = opts.host or host_id()
     out = {
         "run_dir": str(d),
         "pid": rec.pid if rec else None,
         "alive": ours,
         "port": read_port(d),
-        "options": asdict(read_options(d)),
+        "options": asdict(opts),
+        "host": host,
+        "store": describe_store(store, d, host),
     }
     if rec and not ours:
         out["note"] = why
-    if (d / "tasks.sqlite").exists():
-        store = TaskStore.in_run_dir(d)
+    notes = store_notes(store, d)
+    if notes:
+        out["store_notes"] = notes
+    if store_exists(store, d, host):
+        ts = open_store(store, d, host)
         try:
             out["tasks"] = [{"id": t.id, "name": t.name, "state": str(t.state), "steps": t.steps, "units": t.units,
-                             "restarts": t.restarts} for t in store.list()]
+                             "restarts": t.restarts, **({"host": t.host} if ts.is_queue else {})} for t in ts.list()]
         finally:
-            store.close()
+            ts.close()
     return out
 
 
@@ -237,9 +263,11 @@ def stop_running(run_dir: str | Path, timeout: float = 60.0) -> tuple[bool, str]
     return True, ""
 
 
-def restart(run_dir: str | Path) -> int:
+def restart(run_dir: str | Path, store: str | None = None) -> int:
     """Stop the run directory's manager if it runs, and start an identical one (same options,
-    same port) that outlives this call. Returns its port."""
+    same port; ``store`` given: that store instead) that outlives this call. Returns its port."""
     mp = ManagerProcess.from_run_dir(run_dir, detached=True)  # its files read first: a damaged one stops nothing
+    if store is not None:
+        mp.opts = replace(mp.opts, store=check_store(store))
     stop_running(run_dir)
     return mp.start()

@@ -101,12 +101,14 @@ def simulate(job: Job, chunks: list[StageCost], tp_s: float, p2p_s: float, dp_s:
     def comm(a: Act) -> float:
         return tp_s if a.kind in ("F", "B", "I") else 0.0
 
-    cost: Callable[[Act], float] = lambda a: compute(a) + comm(a)  # noqa: E731
+    host = job.model.action_overhead_s  # measured host time around each action (0 for FLOP plans)
+    cost: Callable[[Act], float] = lambda a: compute(a) + comm(a) + host  # noqa: E731
     timeline = simulate_lists([acts[r] for r in ranks], deps, cost, lambda a: index[s2r[a.stage]], comm=p2p_s)
     exposed = dp_s * (1.0 - job.parallel.dp_overlap)
     opt = job.model.optimizer_s or [0.0] * len(timeline)  # each stage's optimizer step, after its DP sync
     ends = [tl[-1][1] if tl else 0.0 for tl in timeline]
-    t_iter = max(e + exposed + opt[k] for k, e in enumerate(ends))
+    # the measured time between iterations (barrier, next batch) is idle for every stage: a C bubble
+    t_iter = max(e + exposed + opt[k] for k, e in enumerate(ends)) + job.model.iteration_overhead_s
     gaps: list[Gap] = []
     for k, tl in enumerate(timeline):
         types = gap_types([a for _, _, a in tl])  # reads .kind only; torch's I counts as a backward

@@ -46,6 +46,8 @@ class Model(Strict):
     weight_s: list[float] | None = None  # the weight-gradient part of backward_s, where known
     p2p_s: float | None = Field(default=None, ge=0, le=1e6)  # measured stage-to-stage transfer (default: priced on the fabric)
     optimizer_s: list[float] | None = None  # measured optimizer step per stage (default: not modelled)
+    action_overhead_s: float = Field(default=0.0, ge=0, le=1e3)  # measured host time between two actions of a rank
+    iteration_overhead_s: float = Field(default=0.0, ge=0, le=1e3)  # measured: barrier, next batch, ... between iterations
 
 
 class Parallel(Strict):

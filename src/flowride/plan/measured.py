@@ -20,6 +20,8 @@ from typing import Any
 from flowride.errors import InputError
 from flowride.pipeline.config import RANKS_FILE
 
+PROFILE_KEYS = ("forward_s", "backward_s", "weight_s", "p2p_s", "optimizer_s", "action_overhead_s", "iteration_overhead_s")
+
 
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
@@ -29,12 +31,19 @@ def profile_from_ranks(ranks: list[dict], warmup: int = 1) -> dict[str, Any]:
     """``{"forward_s", "backward_s", "weight_s" (or None), "p2p_s", "optimizer_s"}`` from the
     records of a run's ranks (rank order)."""
     fwd, bwd, wgt, opt = [], [], [], []
+    host: list[float] = []  # between one action's end and the next one's start on a rank
+    tails: dict[int, float] = {}  # per iteration: the least time any rank spent after its last record
     ends: dict[tuple[int, int, int], float] = {}  # (iteration, mb, chunk) -> end of that forward
     for rank in ranks:
         per: dict[tuple[str, int], list[float]] = {}
         steps = []
         for it in rank["iterations"][warmup:]:
             steps.append(sum(r["end"] - r["start"] for r in it["records"] if r["kind"] == "O"))
+            recs = it["records"]
+            host.extend(b["start"] - a["end"] for a, b in zip(recs, recs[1:], strict=False) if b["start"] >= a["end"])
+            if recs:
+                tail = it["end"] - max(r["end"] for r in recs)
+                tails[it["iteration"]] = min(tails.get(it["iteration"], tail), tail)
             for rec in it["records"]:
                 if rec["kind"] not in ("F", "B", "W", "I"):
                     continue
@@ -57,7 +66,8 @@ def profile_from_ranks(ranks: list[dict], warmup: int = 1) -> dict[str, Any]:
                 if prev is not None and rec["start"] < prev < rec["compute"]:
                     delays.append(rec["compute"] - prev)
     return {"forward_s": fwd, "backward_s": [b + w for b, w in zip(bwd, wgt, strict=True)] if has_w else bwd,
-            "weight_s": wgt if has_w else None, "p2p_s": _median(delays), "optimizer_s": opt}
+            "weight_s": wgt if has_w else None, "p2p_s": _median(delays), "optimizer_s": opt,
+            "action_overhead_s": _median(host), "iteration_overhead_s": max(0.0, _median(list(tails.values())))}
 
 
 def profile_from_run(run_dir: str | Path) -> dict[str, Any]:

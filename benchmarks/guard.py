@@ -1,0 +1,101 @@
+"""The budget guard against the budget: paired overhead with its 95% CI, harvest efficiency and
+bubble prediction error, guard on (and optionally off), per preset, engine and schedule.
+
+Each row is one paired run (harvesting on and off in randomized blocks of ``--block``
+iterations, so both arms share the machine's drift; flowride.harvest.stats): the interval is the
+training owner's view of the overhead. With the guard on, the manager pairs those same blocks
+(harvest/guard.py) and backs off while the interval's upper end is above ``--budget``. Each
+configuration also trains once alone (the baseline the report's losses are checked against).
+CPU only; run it on a quiet machine (``uptime``), since other load widens every interval.
+
+    python benchmarks/guard.py [--models small,large] [--engines builtin,torch]
+        [--schedules gpipe,1f1b,interleaved1f1b] [--guard on,off] [--pairs 12] [--block 2]
+        [--tasks pagerank,image] [--budget 2] [--json rows.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from flowride.harvest.session import compare, profiles_for
+from flowride.pipeline.config import TrainConfig
+from flowride.pipeline.trainer import train
+
+# the built-in engine calls torch's Interleaved1F1B "interleaved" (its own instruction lists)
+BUILTIN_NAME = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved"}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="small,large")
+    ap.add_argument("--engines", default="builtin,torch")
+    ap.add_argument("--schedules", default="gpipe,1f1b,interleaved1f1b")
+    ap.add_argument("--guard", default="on", help="on, off or on,off (off: the same run without the guard, for comparison)")
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--pairs", type=int, default=12, help="pairs of on/off blocks per run")
+    ap.add_argument("--block", type=int, default=2, help="iterations per block")
+    ap.add_argument("--tasks", default="pagerank,image")
+    ap.add_argument("--budget", type=float, default=2.0)
+    ap.add_argument("--json", help="also write every row to this JSON file")
+    a = ap.parse_args()
+    warm = 2
+    iters = warm + 2 * a.block * a.pairs
+    tasks = [t for t in a.tasks.split(",") if t]
+    rows, t0 = [], time.time()
+    print(f"# CPU only: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, load {os.getloadavg()[0]:.2f} at start; "
+          f"p=2, m={a.microbatches}, {iters} iterations per run ({warm} warm-up, {a.pairs} pairs of {a.block}-iteration "
+          f"blocks); tasks {'+'.join(tasks)}; budget {a.budget:g}%", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpd = Path(tmp)
+        profiles = profiles_for(tasks, tmpd / "profiles.json")
+        for model in a.models.split(","):
+            for engine in a.engines.split(","):
+                for sched in a.schedules.split(","):
+                    name = BUILTIN_NAME[sched] if engine == "builtin" else sched
+                    cfg = TrainConfig(schedule=name, stages=2, microbatches=a.microbatches, model=model, iters=iters,
+                                      pin_cores=True, engine=engine, warmup_iters=warm,
+                                      chunks=2 if sched == "interleaved1f1b" else 1, run_dir=str(tmpd / "x"))
+                    tag = f"{model}-{engine}-{sched}"
+                    base = train(replace(cfg, run_dir=str(tmpd / f"{tag}-alone"))).report()
+                    for g in a.guard.split(","):
+                        c = compare(replace(cfg, run_dir=str(tmpd / f"{tag}-{g}")), "freeride", tasks, paired_block=a.block,
+                                    baseline_report=base, profiles=profiles, budget_pct=a.budget, guard=g == "on")
+                        h = c.report
+                        gd = h.get("guard") or {}
+                        row = {"model": model, "engine": engine, "schedule": sched, "guard": g,
+                               "overhead_pct": h["overhead_pct"], "ci95": h["overhead_ci95"], "within_budget": h["within_budget"],
+                               "efficiency": h["harvest_efficiency"], "efficiency_note": h.get("harvest_efficiency_note"),
+                               "prediction_error": h["bubble_prediction_error"], "pairs": h["overhead_pairs"],
+                               "iteration_ms": base["iteration_time_s"] * 1e3,
+                               "bubbles_ms": sorted({round(b["median_s"] * 1e3, 1) for b in base["bubbles"] if b["type"] != "S"}),
+                               "guard_level": gd.get("level"), "guard_actions": len(gd.get("actions", [])),
+                               "losses_identical": h["losses_identical"], "load": os.getloadavg()[0]}
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    print(f"\n{time.time() - t0:.0f} s in all\n")
+    print("| preset | engine | schedule | guard | overhead % (median of pairs) | 95% CI | within budget | efficiency | "
+          "prediction error | guard rung (actions) | iteration (ms) | bubbles (ms) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        lo, hi = r["ci95"]
+        eff = "n/a" if r["efficiency"] is None else f"{r['efficiency']:.2f}"
+        pe = "-" if r["prediction_error"] is None else f"{r['prediction_error'] * 100:.1f}%"
+        rung = "-" if r["guard_level"] is None else f"{r['guard_level']} ({r['guard_actions']})"
+        print(f"| {r['model']} | {r['engine']} | {r['schedule']} | {r['guard']} | {r['overhead_pct']:+.2f} | [{lo:+.2f}, {hi:+.2f}] | "
+              f"{'yes' if r['within_budget'] else 'no'} | {eff} | {pe} | {rung} | {r['iteration_ms']:.0f} | "
+              f"{', '.join(f'{b:g}' for b in r['bubbles_ms'])} |")
+
+
+if __name__ == "__main__":
+    main()
