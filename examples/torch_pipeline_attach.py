@@ -7,7 +7,9 @@ This is an ordinary pipeline-parallel training script (a residual MLP regressing
 cut into one stage per rank, or two for the interleaved schedule). The only flowride lines are
 the import and the ``with flowride.harvest.attach(...)`` block: the schedule, the model, the
 loss and the optimizer are the user's and stay as they are. Side tasks run in the bubbles while
-training goes on; ``flowride tasks list --run-dir runs/attach-example`` shows them.
+training goes on; ``flowride tasks list --run-dir runs/attach-example`` shows them. Leaving the
+``with`` returns at once (the manager stops in the background); ``harvest.wait()`` waits for its
+record when the script wants it, as here, to print the side work done.
 """
 
 from __future__ import annotations
@@ -116,9 +118,14 @@ def main() -> None:
             with open(args.out, "w") as f:
                 json.dump({"losses": history}, f)
     if not args.no_harvest:
+        harvest.wait()  # leaving the with did not wait for the manager to stop; its record is wanted now
         s = harvest.summary()
         print(f"rank {rank}: {s['announced']} bubbles announced of {s['waits']} waits, prediction error "
               f"{s['prediction_error_median']}", flush=True)
+        if "side_work" in s:  # the rank that ran this host's manager
+            work = s["side_work"]
+            print(f"rank {rank}: side tasks ({s['side_tasks']['origin']}) took {work['steps']} steps in the bubbles"
+                  + (f"; none because {work['why_none']}" if "why_none" in work else ""), flush=True)
     dist.destroy_process_group()
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
@@ -68,7 +68,10 @@ class GapPredictor:
         return statistics.median(hist) if hist else None
 
     def observe(self, key: str, seconds: float) -> None:
-        self.seen.setdefault(key, deque(maxlen=self.window)).append(seconds)
+        hist = self.seen.get(key)
+        if hist is None:  # not setdefault: it would build a deque on every wait (the observer's cost)
+            hist = self.seen[key] = deque(maxlen=self.window)
+        hist.append(seconds)
 
     def seed(self, lengths: dict[str, float]) -> None:
         """Start from a saved profile (its lengths count as one observation each)."""
@@ -111,9 +114,15 @@ class BubbleReporter:
 
     # ------------------------------------------------------------------ iteration boundaries
     def begin_iteration(self, iteration: int | None = None) -> None:
-        """A new iteration: wait keys count from zero again. Closes a wait left open."""
-        self.busy()
+        """A new iteration: wait keys count from zero again. Closes a wait left open. Stage 0
+        also announces the iteration's start (one datagram), whose spacing is the iteration time
+        the manager's budget guard (:mod:`flowride.harvest.guard`) keeps under the budget; it goes
+        out whether or not harvesting is on, since the guard needs the off iterations too."""
+        now = self.clock()
+        self.busy(now)
         self.iteration = self.iteration + 1 if iteration is None else iteration
+        if self.stage == 0:
+            self.pub.publish(BubbleEvent("iter", 0, "-", now, None, self.free_memory, self.iteration))
         self.iterations_seen += 1
         self._counts.clear()
         self._ordinal = 0
@@ -171,6 +180,30 @@ class BubbleReporter:
             yield
         finally:
             self.busy()
+
+    # ------------------------------------------------------------------ batched waits (the torch observer's fast path)
+    def gap_plan(self, keys: Sequence[str]) -> tuple[list[float | None], list[bool]]:
+        """Each of this iteration's coming waits ``keys``: its predicted length, and whether
+        :meth:`idle` would announce it. Decided once when the iteration starts, so that a wrapper
+        on the compute path (:mod:`flowride.pipeline.torch_observe`) only looks it up. While
+        nothing can be announced (disabled, or still learning), nothing is predicted either."""
+        n = len(keys)
+        if not (self.enabled and self.iterations_seen > self.warmup_iters):
+            return [None] * n, [False] * n
+        preds = [self.predictor.predict(k) for k in keys]
+        return preds, [p is not None and p >= self.min_bubble_s for p in preds]
+
+    def book(self, waits: Iterable[tuple[str, str, float, float, float | None, bool]]) -> None:
+        """Waits measured (and announced) by the caller, as (key, type, start, end, predicted,
+        announced), booked after the fact as :meth:`busy` books each one."""
+        it, seen, observe, append = self.iteration, self.predictor.seen, self.predictor.observe, self.waits.append
+        for key, typ, start, end, pred, announced in waits:
+            hist = seen.get(key)
+            if hist is None:
+                observe(key, end - start)
+            else:
+                hist.append(end - start)
+            append(Wait(it, key, typ, start, end, pred, announced))
 
     # ------------------------------------------------------------------ harvest blocks
     def control(self, kind: str) -> None:

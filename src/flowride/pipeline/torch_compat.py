@@ -18,7 +18,10 @@ What we read, and why:
   tells a full backward B from an input-gradient-only I) and ``backward_weight_one_chunk`` (W):
   wrapping them on the stage *instance* sees every compute action after the receive it waited
   for, without changing torch's source or its numerics;
-- ``schedule.step`` (public): the iteration's start and end.
+- ``schedule.step`` (public): the iteration's start and end;
+- ``distributed_c10d._get_default_store()``: the key-value store the process group was set up
+  with, through which ``attach``'s set-up agrees across ranks with a timeout (a collective would
+  hang without a word when one rank never calls ``attach``).
 """
 
 from __future__ import annotations
@@ -80,6 +83,51 @@ def check() -> None:
     for m in STAGE_METHODS:
         if not callable(getattr(base, m, None)):
             raise TorchPipeliningChanged(f"_PipelineStageBase.{m}")
+
+
+def check_schedule(obj: Any) -> None:
+    """Raise an InputError naming what was given unless ``obj`` is a schedule *instance*.
+
+    The usual mistakes (the stage, the model, the schedule class, a list of stages) would
+    otherwise surface later as a missing private attribute, blamed on the torch version."""
+    from flowride.errors import InputError
+
+    sch = _schedules_module()
+    bases = (sch.PipelineScheduleSingle, sch.PipelineScheduleMulti)
+    if isinstance(obj, bases):
+        return
+    want = ("a torch.distributed.pipelining schedule instance (a PipelineScheduleSingle or "
+            "PipelineScheduleMulti subclass, e.g. Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B)")
+    build = "build it from your stage(s), e.g. schedule = Schedule1F1B(stage, n_microbatches, loss_fn=loss_fn), and pass schedule"
+    if isinstance(obj, type) and issubclass(obj, bases):
+        raise InputError("schedule", f"expected {want}; got the class {obj.__name__} itself, not an instance", build)
+    from torch.distributed.pipelining import stage as stage_mod
+
+    what = type(obj).__name__
+    if isinstance(obj, getattr(stage_mod, "_PipelineStageBase", ())):
+        what = f"a pipeline stage ({what}, stage {getattr(obj, 'stage_index', '?')})"
+    elif isinstance(obj, list | tuple):
+        what = f"a {what} of {len(obj)} item(s) ({', '.join(sorted({type(x).__name__ for x in obj})) or 'empty'})"
+    else:
+        import torch.nn as nn
+
+        kind = "a torch.nn.Module" if isinstance(obj, nn.Module) else "an object"
+        what = f"{kind} of type {type(obj).__module__}.{what}"
+    raise InputError("schedule", f"expected {want}; got {what}", build)
+
+
+def default_store() -> Any | None:
+    """The default process group's key-value store (None if torch has no such accessor any more:
+    callers fall back to collectives without a timeout)."""
+    from torch.distributed import distributed_c10d
+
+    get = getattr(distributed_c10d, "_get_default_store", None)
+    if get is None:
+        return None
+    try:
+        return get()
+    except (RuntimeError, ValueError):
+        return None
 
 
 def schedule_class(name: str) -> type:

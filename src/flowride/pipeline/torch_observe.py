@@ -2,10 +2,18 @@
 
 :func:`observe` wraps, on this rank's stage *instances* only, the three compute methods
 (``forward_one_chunk``, ``backward_one_chunk``, ``backward_weight_one_chunk``) and the
-schedule's ``step``. A wrapper reads the clock, tells the :class:`BubbleReporter` that the stage
-computes again (entering a compute method: the receive it waited for is done) or waits again
-(leaving one), and calls the original with the same arguments: the numerics are torch's own,
-so losses are bit-identical with and without it.
+schedule's ``step``. A wrapper reads the clock (entering a compute method: the receive it waited
+for is done; leaving one: the stage waits again) and calls the original with the same
+arguments: the numerics are torch's own, so losses are bit-identical with and without it.
+
+The wrappers run on every compute action, between torch's kernels, with cold caches: measured
+inside a training step, each Python line there costs several times what it costs in a loop.
+So they do as little as possible. Whether each gap of the coming iteration will be announced,
+and with which predicted length, is decided once when ``step()`` is entered
+(:meth:`BubbleReporter.gap_plan`); a wrapper only appends the time and, for an announced gap,
+sends its datagram; the waits are booked with the reporter in one go when ``step()`` returns
+(:meth:`BubbleReporter.book`). The reporter sees the same waits, keys (``"{gap}#0"``) and
+predictions as if each gap had been reported through ``idle()``/``busy()``.
 
 Gap ``i`` of an iteration is the wait before the rank's compute action ``i`` (gap 0 starts when
 ``step()`` is entered, the last gap ends when it returns); its type comes from the plan that the
@@ -29,12 +37,14 @@ from typing import Any
 import torch
 
 from flowride.pipeline import torch_compat as tc
+from flowride.pipeline.events import BubbleEvent
 from flowride.pipeline.reporter import BubbleReporter
 from flowride.pipeline.torch_plan import RankPlan, plan
 
 
 class TorchObserver:
-    """The wrappers on one rank's schedule; :meth:`detach` puts the originals back."""
+    """The wrappers on one rank's schedule; :meth:`detach` puts the originals back,
+    :meth:`install` puts the wrappers on again (a paused harvest costs training nothing)."""
 
     def __init__(self, schedule: Any, reporter: BubbleReporter, steady: bool = True, sync: bool | None = None,
                  owns_iterations: bool = True) -> None:
@@ -44,28 +54,52 @@ class TorchObserver:
         # each step() is an iteration for the reporter, unless the caller marks iterations itself
         self.owns_iterations = owns_iterations
         self.rank = tc.group_rank(schedule)
-        dev = getattr(tc.local_stages(schedule)[0], "device", None)
+        self.stages = tc.local_stages(schedule)
+        dev = getattr(self.stages[0], "device", None)
         self.cuda = dev if getattr(dev, "type", None) == "cuda" else None
         self.sync = (self.cuda is not None) if sync is None else (sync and self.cuda is not None)
         full = plan(schedule, iterations=2 if steady else 1)
         self.plan: RankPlan | None = None if full is None else full.get(self.rank)
-        self.observed: list[tc.Act] = []  # this iteration's compute actions, in order
+        # the plan as (kind, stage, mb) tuples, and each gap's type and key, for the per-call work
+        self._expected: list[tuple[str, int, int]] | None = (
+            None if self.plan is None else [(a.kind, a.stage, a.mb) for a in self.plan.actions])
+        self._types: list[str] = list(self.plan.types) if self.plan is not None else ["A"]
+        self._keys: list[str] = [f"{g}#0" for g in range(len(self._types))]
+        self.observed: list[tuple[str, int, int]] = []  # this iteration's compute actions, in order
         self.first_order: list[tc.Act] | None = None  # the first iteration's, for plan checks
         self.plan_mismatches = 0
-        self.records: list[dict] = []  # this iteration's compute records (start == compute: the wait is a gap)
+        # this iteration: each action's (kind, mb, stage, start, end); gap g runs _starts[g] -> _ends[g]
+        self._acts: list[tuple[str, int, int, float, float]] = []
+        self._starts: list[float] = []
+        self._ends: list[float] = []
+        self._preds: list[float | None] = []  # each gap's predicted length, decided at step()
+        self._ann: list[bool] = []  # each gap announced or not, decided at step()
+        self._open_ann = False  # the open gap was announced: its end is announced too
+        self._in_step = False
         self._saved: list[tuple[Any, str, Any]] = []
-        for stage in tc.local_stages(schedule):
-            for name in tc.STAGE_METHODS:
-                self._wrap(stage, name, self._compute_wrapper(getattr(stage, name), name, int(stage.stage_index)))
-        self._wrap(schedule, "step", self._step_wrapper(schedule.step))
+        self.install()
 
     # ------------------------------------------------------------------ wrapping
+    @property
+    def installed(self) -> bool:
+        return bool(self._saved)
+
+    def install(self) -> None:
+        """Wrap this rank's stage methods and ``schedule.step`` (no-op when already wrapped)."""
+        if self._saved:
+            return
+        for stage in self.stages:
+            for name in tc.STAGE_METHODS:
+                self._wrap(stage, name, self._compute_wrapper(getattr(stage, name), name, int(stage.stage_index)))
+        self._wrap(self.schedule, "step", self._step_wrapper(self.schedule.step))
+
     def _wrap(self, obj: Any, name: str, fn: Any) -> None:
         had_own = name in vars(obj)
         self._saved.append((obj, name, vars(obj)[name] if had_own else None))
         setattr(obj, name, fn)
 
     def detach(self) -> None:
+        """Put torch's own methods back: from now on the schedule runs exactly as without us."""
         for obj, name, own in reversed(self._saved):
             if own is None:
                 delattr(obj, name)
@@ -73,52 +107,128 @@ class TorchObserver:
                 setattr(obj, name, own)
         self._saved.clear()
 
-    def _type(self, gap: int) -> str:
-        if self.plan is None or gap >= len(self.plan.types):
-            return "S" if gap > 0 else "A"
-        if gap == len(self.plan.types) - 1 and len(self.observed) != len(self.plan.actions):
-            return "S"  # the run went past the plan: keep typing honest
-        return self.plan.types[gap]
+    # ------------------------------------------------------------------ records
+    @property
+    def records(self) -> list[dict]:
+        """This iteration's compute records (start == compute: the wait before is a gap)."""
+        return [{"kind": k, "mb": mb, "chunk": st, "start": t0, "compute": t0, "end": t1} for k, mb, st, t0, t1 in self._acts]
 
+    def _type(self, gap: int) -> str:
+        if gap >= len(self._types):
+            return "S" if gap > 0 else "A"
+        if self.plan is not None and gap == len(self._types) - 1 and len(self.observed) != len(self.plan.actions):
+            return "S"  # the run went past the plan: keep typing honest
+        return self._types[gap]
+
+    def _key(self, gap: int) -> str:
+        while gap >= len(self._keys):
+            self._keys.append(f"{len(self._keys)}#0")
+        return self._keys[gap]
+
+    def _announce(self, gap: int, now: float) -> None:
+        """Gap ``gap`` starts now: send its bubble event if it was planned to be announced. A gap
+        past the plan (or with no plan) is decided here, the slow way."""
+        if gap >= len(self._ann):
+            preds, ann = self.reporter.gap_plan([self._key(gap)])
+            self._preds.append(preds[0])
+            self._ann.append(ann[0])
+        if self._ann[gap]:
+            rep = self.reporter
+            rep.pub.publish(BubbleEvent("bubble", rep.stage, self._type(gap), now, now + self._preds[gap],
+                                        rep.free_memory, rep.iteration))
+            self._open_ann = True
+
+    def _end_announced(self, gap: int, now: float) -> None:
+        self._open_ann = False
+        rep = self.reporter
+        rep.pub.publish(BubbleEvent("busy", rep.stage, self._type(gap), now, None, rep.free_memory, rep.iteration))
+
+    # ------------------------------------------------------------------ the wrappers
     def _compute_wrapper(self, orig: Any, method: str, stage_index: int) -> Any:
+        clock = time.monotonic
+        obs = self
+        kind_of = "F" if method == "forward_one_chunk" else ("W" if method == "backward_weight_one_chunk" else None)
+
         @functools.wraps(orig)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if self.sync:
-                torch.cuda.synchronize(self.cuda)  # the input this action waited for is really here
-            t0 = time.monotonic()
-            self.reporter.busy(t0)
-            act = tc.action_of_call(method, args, kwargs, stage_index)
-            pos = len(self.observed)
-            if self.plan is not None and (pos >= len(self.plan.actions) or self.plan.actions[pos] != act):
-                self.plan_mismatches += 1
-            self.observed.append(act)
+            if not obs._in_step:  # called outside step() (evaluation): not a pipeline action
+                return orig(*args, **kwargs)
+            if obs.sync:
+                torch.cuda.synchronize(obs.cuda)  # the input this action waited for is really here
+            t0 = clock()
+            ends = obs._ends
+            gap = len(ends)  # the gap before this action ends now
+            ends.append(t0)
+            if obs._open_ann:
+                obs._end_announced(gap, t0)
+            mb = args[0] if args else kwargs.get("fwd_chunk_id", kwargs.get("bwd_chunk_id", -1))
+            kind = kind_of
+            if kind is None:  # backward_one_chunk: full B, or the input-gradient half I
+                kind = "B" if kwargs.get("full_backward", args[2] if len(args) > 2 else True) else "I"
+            act = (kind, stage_index, mb)
+            exp = obs._expected
+            if exp is not None and (gap >= len(exp) or exp[gap] != act):
+                obs.plan_mismatches += 1
+            obs.observed.append(act)
             try:
                 return orig(*args, **kwargs)
             finally:
-                if self.sync:
-                    torch.cuda.synchronize(self.cuda)  # its kernels have really run
-                t1 = time.monotonic()
-                self.records.append({"kind": act.kind, "mb": act.mb, "chunk": act.stage, "start": t0, "compute": t0, "end": t1})
-                self.reporter.idle(pos + 1, self._type(pos + 1))
+                if obs.sync:
+                    torch.cuda.synchronize(obs.cuda)  # its kernels have really run
+                t1 = clock()
+                obs._acts.append((kind, mb, stage_index, t0, t1))
+                obs._starts.append(t1)
+                nxt = gap + 1
+                if nxt >= len(obs._ann) or obs._ann[nxt]:
+                    obs._announce(nxt, t1)
 
         return wrapper
 
     def _step_wrapper(self, orig: Any) -> Any:
+        clock = time.monotonic
+        obs = self
+
         @functools.wraps(orig)
         def step(*args: Any, **kwargs: Any) -> Any:
-            self.observed = []
-            self.records = []
-            if self.owns_iterations:
-                self.reporter.begin_iteration()
-            self.reporter.idle(0, "A")
+            if obs._in_step:
+                return orig(*args, **kwargs)
+            rep = obs.reporter
+            if obs.owns_iterations:
+                rep.begin_iteration()
+            obs.observed, obs._acts, obs._ends = [], [], []
+            preds, ann = rep.gap_plan(obs._keys)
+            obs._preds, obs._ann = preds, ann
+            obs._open_ann = False
+            t = clock()
+            obs._starts = [t]
+            obs._announce(0, t)
+            obs._in_step = True
             try:
                 return orig(*args, **kwargs)
             finally:
-                self.reporter.busy()
-                if self.first_order is None:
-                    self.first_order = list(self.observed)
+                obs._in_step = False
+                t = clock()
+                obs._ends.append(t)
+                if obs._open_ann:
+                    obs._end_announced(len(obs._ends) - 1, t)
+                obs._book()
+                if obs.first_order is None:
+                    obs.first_order = [tc.Act(k, int(s), int(m)) for k, s, m in obs.observed]
 
         return step
+
+    def _book(self) -> None:
+        """Hand this iteration's gaps to the reporter (lengths learned, waits recorded)."""
+        n = len(self._ends)
+        if n == len(self._types) == len(self._preds) and (self.plan is None or len(self.observed) == len(self.plan.actions)):
+            # the usual iteration, as planned: every gap's key and type are the precomputed ones
+            self.reporter.book(zip(self._keys, self._types, self._starts, self._ends, self._preds, self._ann, strict=False))
+            return
+        while len(self._preds) < n:  # gaps past the plan that ended before they were decided
+            self._preds.append(None)
+            self._ann.append(False)
+        self.reporter.book([(self._key(g), self._type(g), self._starts[g], self._ends[g], self._preds[g], self._ann[g])
+                            for g in range(n)])
 
     def gap_types(self) -> list[str]:
         """Types of this rank's gaps (one more than its compute actions)."""
