@@ -10,10 +10,10 @@ long and backs off when it is too high:
   (``mean(on) / mean(off) - 1``), both arms sharing the machine's drift. Any other off
   iterations (a paired benchmark's ``off`` control events) pair the same way. The interval is a
   t-interval over the pairs measured at the current setting (at most ``window``).
-- **Back off** when the interval's upper end is above the budget with at least ``min_pairs``
+- **Back off** when the interval's upper end is above the budget with at least ``min_pairs`` (3)
   pairs and the pairs' median above half the budget (noise alone widens the interval of a few
-  pairs past any budget; it rarely moves the median that far), or when the median of three or
-  more pairs is above the budget: one rung up :data:`LADDER` — a wider fit margin, a longer shortest
+  pairs past any budget; it rarely moves the median that far), or when the median of two or more
+  pairs is above the budget (a short run has few pairs to spend): one rung up :data:`LADDER` — a wider fit margin, a longer shortest
   bubble, skipping the bubble types and tasks whose steps overran, fewer tasks at once, and at
   the top no harvesting at all.
 - **Relax** one rung when, with ``relax_pairs`` pairs, the median is under a quarter of the budget
@@ -82,7 +82,7 @@ class BudgetGuard:
     block: int = 1
     every: int = 8
     window: int = 8
-    min_pairs: int = 4
+    min_pairs: int = 3
     relax_pairs: int = 4
     probe_blocks: int = 32
     skip_first: int = 2  # warm-up iterations (allocation, the first bubbles learned) are not measured
@@ -158,7 +158,7 @@ class BudgetGuard:
         _, _, hi = iv
         n = min(len(self.pairs), self.window)
         mid = statistics.median(p.overhead_pct for p in self.pairs[-self.window:])  # robust to a pair disturbed from outside
-        over = (n >= 3 and mid > self.budget_pct) or (n >= self.min_pairs and hi > self.budget_pct and mid > self.budget_pct / 2)
+        over = (n >= 2 and mid > self.budget_pct) or (n >= self.min_pairs and hi > self.budget_pct and mid > self.budget_pct / 2)
         if self.level + 1 < len(LADDER) and over:
             return self._move(+1, iteration, "back off", iv)
         if self.level > 0 and n >= self.relax_pairs and mid < self.budget_pct / 4 and hi < self.budget_pct:
