@@ -90,12 +90,12 @@ def test_the_guard_runs_end_to_end_on_the_small_preset(tmp_path):
 
     rep = tmp_path / "r.json"
     r = cli("train", "--stages", "2", "--microbatches", "4", "--schedule", "1f1b", "--engine", "builtin", "--model", "small",
-            "--iters", "40", "--side-tasks", "pagerank", "--budget", "2", "--paired-block", "0",
+            "--iters", "24", "--side-tasks", "pagerank", "--budget", "2", "--paired-block", "0",
             "--run-dir", tmp_path / "rd", "--report", rep, timeout=600)
     assert r.code == 0, r.err[-3000:]
     g = json.loads(rep.read_text())["guard"]
     assert g["budget_pct"] == 2.0 and g["every"] == 8
-    assert g["pairs"] >= 2  # iterations 7, 15, 23, 31, 39 ran training alone and were paired
+    assert g["pairs"] >= 2  # iterations 7 and 15 ran training alone and were paired
     assert 0 <= g["level"] < 6 and len(g["actions"]) >= 0
     for a in g["actions"]:
         assert a["action"] in ("back off", "relax", "probe") and "setting" in a

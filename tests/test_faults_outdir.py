@@ -54,6 +54,15 @@ def test_a_failed_atomic_write_names_the_target_not_the_temp_file(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".fr-")]
 
 
+@pytest.fixture(scope="module")
+def sched_file(tmp_path_factory):
+    """One real schedule, synthesized once for every case below."""
+    p = tmp_path_factory.mktemp("sched") / "s.json"
+    r = cli("synth", "-t", "ring", "--n", "4", "-s", "1KB", "--chunks", "1", "--out", p, "--time-limit", "5")
+    assert r.code == 0, r.err
+    return p
+
+
 @pytest.mark.parametrize(("args", "flag"), [
     (["synth", "-t", "dgx1", "-s", "1MB", "--out-dir", "{tmp}/d"], "--out-dir"),
     (["synth", "-t", "dgx1", "-s", "1MB", "--json"], "--json"),
@@ -67,12 +76,10 @@ def test_a_failed_atomic_write_names_the_target_not_the_temp_file(tmp_path):
     (["train", "--side-tasks", ""], "--side-tasks"),
     (["train", "--side-tasks", " , "], "--side-tasks"),
 ])
-def test_an_option_the_command_would_not_use_is_refused(tmp_path, args, flag):
-    from flowride.schedule.ir import Schedule  # noqa: F401  (the schedule file below is a real one)
+def test_an_option_the_command_would_not_use_is_refused(tmp_path, sched_file, args, flag):
+    import shutil
 
-    sched = tmp_path / "s.json"
-    r0 = cli("synth", "-t", "ring", "--n", "4", "-s", "1KB", "--chunks", "1", "--out", sched, "--time-limit", "5")
-    assert r0.code == 0, r0.err
+    shutil.copy(sched_file, tmp_path / "s.json")
     r = cli(*[a.replace("{tmp}", str(tmp_path)) for a in args], timeout=60)
     assert_clean_error(r, 2, flag, within=30)
     assert not (tmp_path / "d").exists() and not (tmp_path / "a.xml").exists()

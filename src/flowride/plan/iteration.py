@@ -58,10 +58,10 @@ class Timeline:
         return len(self.actions)
 
     def bubble_s(self) -> list[float]:
-        out = [0.0] * self.ranks
-        for g in self.gaps:
-            out[g.rank] += g.seconds
-        return out
+        """Per rank: the iteration less its compute and exposed collectives. That is its gaps plus
+        any measured host time around actions (a profile's ``action_overhead_s``), which a run's
+        own bubble fraction counts as idle too (``flowride train``: 1 - busy / iteration)."""
+        return [max(0.0, self.iteration_s - c - t - d) for c, t, d in zip(self.compute_s, self.tp_s, self.dp_s, strict=True)]
 
 
 def rank_actions(job: Job) -> tuple[dict[int, list[Act]], dict[int, int]]:
