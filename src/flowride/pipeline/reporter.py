@@ -121,12 +121,12 @@ class BubbleReporter:
         now = self.clock()
         self.busy(now)
         self.iteration = self.iteration + 1 if iteration is None else iteration
-        if self.stage == 0:
-            self.pub.publish(BubbleEvent("iter", 0, "-", now, None, self.free_memory, self.iteration))
         self.iterations_seen += 1
         self._counts.clear()
         self._ordinal = 0
         self.free_memory = free_memory_bytes(self.device)
+        if self.stage == 0:  # every event carries the stage's free memory, this one too
+            self.pub.publish(BubbleEvent("iter", 0, "-", now, None, self.free_memory, self.iteration))
 
     def end_iteration(self) -> None:
         self.busy()
