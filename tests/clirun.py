@@ -42,3 +42,14 @@ def assert_clean_error(r: Ran, code: int, *needles: str, within: float | None = 
     if within is not None:
         assert r.seconds < within, f"took {r.seconds:.1f} s"
     return lines[0]
+
+
+def wait_for(pred, timeout: float = 30.0, every: float = 0.05):
+    """Poll ``pred`` until it returns something true (returned), or fail after ``timeout`` s."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError("condition not reached in time")

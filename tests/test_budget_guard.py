@@ -96,7 +96,9 @@ def test_the_guard_runs_end_to_end_on_the_small_preset(tmp_path):
     g = json.loads(rep.read_text())["guard"]
     assert g["budget_pct"] == 2.0 and g["every"] == 8
     assert g["pairs"] >= 2  # iterations 7 and 15 ran training alone and were paired
-    assert 0 <= g["level"] < 6 and len(g["actions"]) >= 0
+    assert 0 <= g["level"] < 6
+    ups = sum(a["action"] == "back off" for a in g["actions"])
+    assert ups - (len(g["actions"]) - ups) == g["level"]  # every move of the rung is a recorded action
     for a in g["actions"]:
         assert a["action"] in ("back off", "relax", "probe") and "setting" in a
     assert "budget guard: rung" in r.out

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from clirun import wait_for
 from flowride.harvest.cost import harvest_efficiency, savings
 from flowride.harvest.fitting import fit_time, step_fits
 from flowride.harvest.manager import ManagerOptions, read_steps
@@ -31,16 +32,6 @@ def fixtures_importable(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if TESTS not in sys.path:
         monkeypatch.syspath_prepend(TESTS)
-
-
-def wait_for(pred, timeout: float = 30.0, every: float = 0.05):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError("condition not reached in time")
 
 
 def start_manager(run_dir: Path, stages: int, mode: str, profiles: dict, **opts):

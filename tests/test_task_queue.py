@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import ROOT, assert_clean_error, cli
+from clirun import ROOT, assert_clean_error, cli, wait_for
 from flowride.errors import InputError
 from flowride.harvest.hostfs import (
     HOST_ENV,
@@ -50,16 +50,6 @@ def fixtures_importable(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if TESTS not in sys.path:
         monkeypatch.syspath_prepend(TESTS)
-
-
-def wait_for(pred, timeout: float = 30.0, every: float = 0.05):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError("condition not reached in time")
 
 
 # ----------------------------------------------------------------------- a PostgreSQL server

@@ -338,11 +338,17 @@ def _rw(write: bool) -> str:
 
 def read_msccl(path: str | Path) -> Program:
     """:func:`from_msccl_xml` of the file at ``path``."""
+    text, name = read_msccl_text(path)
+    return from_msccl_xml(text, name)
+
+
+def read_msccl_text(path: str | Path) -> tuple[str, str]:
+    """The text of the MSCCL algorithm XML at ``path`` and its file name (what errors quote);
+    an unreadable or binary file is an InputError naming it."""
     p = Path(path)
     try:
-        text = p.read_text()
+        return p.read_text(), p.name
     except OSError as e:
         raise InputError(str(p), f"cannot read it: {e.strerror}", "give an existing MSCCL algorithm XML file") from None
     except UnicodeDecodeError:
         raise InputError(str(p), "is not text", "give an MSCCL algorithm XML file") from None
-    return from_msccl_xml(text, p.name)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flowride.errors import InputError
-from flowride.program.msccl_read import from_msccl_xml
+from flowride.program.msccl_read import from_msccl_xml, read_msccl_text
 from flowride.program.msccl_rules import ExecutorReport, check_executor
 from flowride.program.msccl_xml import parse_algo
 from flowride.program.to_schedule import program_to_schedule
@@ -43,18 +43,12 @@ def verify_msccl(path: str | Path, *, sms: int | str | None = None) -> MscclVerd
     Raises :class:`~flowride.errors.InvalidSchedule` when the executor would run it wrong (a
     deadlock, a race, a wrong result, a dependency that never releases, too many thread blocks)
     and :class:`~flowride.errors.InputError` when it cannot be read."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise InputError(str(p), f"cannot read it: {e.strerror}", "give an existing MSCCL algorithm XML file") from None
-    except UnicodeDecodeError:
-        raise InputError(str(p), "is not text", "give an MSCCL algorithm XML file") from None
-    algo = parse_algo(text, p.name)
+    text, name = read_msccl_text(path)
+    algo = parse_algo(text, name)
     report = check_executor(algo, sms=sms)
     verdict = MscclVerdict(algo.name, algo.coll.value, algo.n, report)
     try:
-        sched = program_to_schedule(from_msccl_xml(text, p.name))
+        sched = program_to_schedule(from_msccl_xml(text, name))
     except InputError as e:  # InvalidSchedule too: the model's limits, the executor's rules held
         verdict.unplaced = str(e)
         return verdict
