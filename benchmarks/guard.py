@@ -8,9 +8,15 @@ training owner's view of the overhead. With the guard on, the manager pairs thos
 configuration also trains once alone (the baseline the report's losses are checked against).
 CPU only; run it on a quiet machine (``uptime``), since other load widens every interval.
 
+``--noise DUTY[:PERIOD_MS[:CORES]]`` runs every measured run (training alone and each paired run;
+not the side tasks' profiling) beside a neighbour process busy DUTY of every PERIOD_MS
+(flowride.neighbour); each row states the measured jitter of its off iterations (training alone:
+every iteration of the alone run, the off blocks of the paired run) as ±% = (p90 - p10) / 2 /
+median. ``--run-dir`` keeps every run's files in a fresh directory (default: a temporary one).
+
     python benchmarks/guard.py [--models small,large] [--engines builtin,torch]
         [--schedules gpipe,1f1b,interleaved1f1b] [--guard on,off] [--pairs 12] [--block 2]
-        [--tasks pagerank,image] [--budget 2] [--json rows.json]
+        [--tasks pagerank,image] [--budget 2] [--noise 0.5:100:1] [--run-dir DIR] [--json rows.json]
 """
 
 from __future__ import annotations
@@ -21,12 +27,15 @@ import os
 import platform
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from flowride.argtypes import out_dir
 from flowride.harvest.session import compare, profiles_for
+from flowride.neighbour import iteration_jitter, noise_arg
 from flowride.pipeline.config import TrainConfig
 from flowride.pipeline.trainer import train
 
@@ -45,17 +54,26 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=2, help="iterations per block")
     ap.add_argument("--tasks", default="pagerank,image")
     ap.add_argument("--budget", type=float, default=2.0)
+    ap.add_argument("--noise", type=noise_arg, default=None, metavar="DUTY[:PERIOD_MS[:CORES]]",
+                    help="run every measured run beside a neighbour busy DUTY of every PERIOD_MS (default 100) on CORES "
+                         "processes (default 1); default: none (quiet)")
+    ap.add_argument("--run-dir", type=out_dir, help="a fresh (absent or empty) directory for every run's files (default: a temporary one)")
     ap.add_argument("--json", help="also write every row to this JSON file")
     a = ap.parse_args()
+    if a.run_dir and Path(a.run_dir).exists() and any(Path(a.run_dir).iterdir()):
+        ap.error(f"argument --run-dir: {a.run_dir} is not empty: give a fresh directory, so runs do not mix with old files")
+    noisy = a.noise if a.noise is not None else nullcontext()
+    noise_text = a.noise.describe() if a.noise is not None else "none (quiet)"
     warm = 2
     iters = warm + 2 * a.block * a.pairs
     tasks = [t for t in a.tasks.split(",") if t]
     rows, t0 = [], time.time()
     print(f"# CPU only: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, load {os.getloadavg()[0]:.2f} at start; "
           f"p=2, m={a.microbatches}, {iters} iterations per run ({warm} warm-up, {a.pairs} pairs of {a.block}-iteration "
-          f"blocks); tasks {'+'.join(tasks)}; budget {a.budget:g}%", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
+          f"blocks); tasks {'+'.join(tasks)}; budget {a.budget:g}%; noise: {noise_text}", flush=True)
+    with tempfile.TemporaryDirectory() if a.run_dir is None else nullcontext(a.run_dir) as tmp:
         tmpd = Path(tmp)
+        tmpd.mkdir(parents=True, exist_ok=True)
         profiles = profiles_for(tasks, tmpd / "profiles.json")
         for model in a.models.split(","):
             for engine in a.engines.split(","):
@@ -65,12 +83,16 @@ def main() -> None:
                                       pin_cores=True, engine=engine, warmup_iters=warm,
                                       chunks=2 if sched == "interleaved1f1b" else 1, run_dir=str(tmpd / "x"))
                     tag = f"{model}-{engine}-{sched}"
-                    base = train(replace(cfg, run_dir=str(tmpd / f"{tag}-alone"))).report()
+                    with noisy:
+                        base = train(replace(cfg, run_dir=str(tmpd / f"{tag}-alone"))).report()
+                    alone = iteration_jitter(base["iteration_times_s"])
                     for g in a.guard.split(","):
-                        c = compare(replace(cfg, run_dir=str(tmpd / f"{tag}-{g}")), "freeride", tasks, paired_block=a.block,
-                                    baseline_report=base, profiles=profiles, budget_pct=a.budget, guard=g == "on")
+                        with noisy:
+                            c = compare(replace(cfg, run_dir=str(tmpd / f"{tag}-{g}")), "freeride", tasks, paired_block=a.block,
+                                        baseline_report=base, profiles=profiles, budget_pct=a.budget, guard=g == "on")
                         h = c.report
                         gd = h.get("guard") or {}
+                        off = iteration_jitter(h["iteration_times_s"], h["iteration_harvest"])
                         row = {"model": model, "engine": engine, "schedule": sched, "guard": g,
                                "overhead_pct": h["overhead_pct"], "ci95": h["overhead_ci95"], "within_budget": h["within_budget"],
                                "efficiency": h["harvest_efficiency"], "efficiency_note": h.get("harvest_efficiency_note"),
@@ -78,15 +100,18 @@ def main() -> None:
                                "iteration_ms": base["iteration_time_s"] * 1e3,
                                "bubbles_ms": sorted({round(b["median_s"] * 1e3, 1) for b in base["bubbles"] if b["type"] != "S"}),
                                "guard_level": gd.get("level"), "guard_actions": len(gd.get("actions", [])),
-                               "losses_identical": h["losses_identical"], "load": os.getloadavg()[0]}
+                               "losses_identical": h["losses_identical"], "load": os.getloadavg()[0],
+                               "noise": a.noise.spec() if a.noise is not None else None,
+                               "jitter_off_pct": off["band_pct"], "jitter_off_cv": off["cv"],
+                               "jitter_alone_pct": alone["band_pct"], "jitter_alone_cv": alone["cv"]}
                         rows.append(row)
                         print(json.dumps(row), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
-    print(f"\n{time.time() - t0:.0f} s in all\n")
+    print(f"\n{time.time() - t0:.0f} s in all; noise: {noise_text}\n")
     print("| preset | engine | schedule | guard | overhead % (median of pairs) | 95% CI | within budget | efficiency | "
-          "prediction error | guard rung (actions) | iteration (ms) | bubbles (ms) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "prediction error | guard rung (actions) | iteration (ms) | bubbles (ms) | jitter ±% off (alone) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         lo, hi = r["ci95"]
         eff = "n/a" if r["efficiency"] is None else f"{r['efficiency']:.2f}"
@@ -94,7 +119,7 @@ def main() -> None:
         rung = "-" if r["guard_level"] is None else f"{r['guard_level']} ({r['guard_actions']})"
         print(f"| {r['model']} | {r['engine']} | {r['schedule']} | {r['guard']} | {r['overhead_pct']:+.2f} | [{lo:+.2f}, {hi:+.2f}] | "
               f"{'yes' if r['within_budget'] else 'no'} | {eff} | {pe} | {rung} | {r['iteration_ms']:.0f} | "
-              f"{', '.join(f'{b:g}' for b in r['bubbles_ms'])} |")
+              f"{', '.join(f'{b:g}' for b in r['bubbles_ms'])} | {r['jitter_off_pct']:.1f} ({r['jitter_alone_pct']:.1f}) |")
 
 
 if __name__ == "__main__":

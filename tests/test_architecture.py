@@ -17,8 +17,8 @@ import pytest
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "flowride"
 
 # Plain helpers every floor may use: error types, limits, units, file handling, schemas,
-# argparse types, the rank launcher, clock offsets between ranks.
-BASE = {"errors", "sizes", "units", "files", "schema", "argtypes", "ranks", "clocks", "__init__"}
+# argparse types, the rank launcher, clock offsets between ranks, the noisy neighbour.
+BASE = {"errors", "sizes", "units", "files", "schema", "argtypes", "ranks", "clocks", "neighbour", "__init__"}
 # What each folder (or top-level module) may import besides itself and BASE. Two stacks:
 # synthesis (topology -> collectives -> schedule -> synth | program -> comm; api on synth) and
 # harvesting (pipeline -> harvest -> sidetasks); cli sits on both.

@@ -297,6 +297,31 @@ def test_cancel_recover_and_a_clean_close(pg_url):
     a.close()
 
 
+def test_a_rerun_submits_only_what_the_queue_lacks(pg_url):
+    """The queue's rule (harvest/rerun.py): a run submits only the named tasks with no unfinished
+    twin in the queue; tasks left in the queue are the cluster's work, leased by any manager."""
+    from flowride.harvest.rerun import RESUMED, SUBMITTED, prepare_run
+
+    q = open_store(pg_url, "unused", "host-a")
+    named = [("pagerank", {"n": 10}), ("pagerank", {"n": 10}), ("image", {})]
+    first = prepare_run(q, named)
+    assert [t["origin"] for t in first["tasks"]] == [SUBMITTED] * 3
+    leftover = q.submit("cnn", {})
+    (held,) = q.lease(1)  # one of them runs on a host now
+    again = prepare_run(q, named + [("pagerank", {"n": 11})])
+    assert [t["id"] for t in again["tasks"][:3]] == first["ids"] and again["tasks"][3]["origin"] == SUBMITTED
+    assert [t["origin"] for t in again["tasks"][:3]] == [RESUMED] * 3 and again["left"] == []
+    assert len(q.list()) == 5 and q.get(held.id).state is TaskState.SUBMITTED and q.get(held.id).origin == RESUMED
+    assert q.get(leftover).origin is None and q.get(leftover).state is TaskState.SUBMITTED  # untouched, and ...
+    assert leftover in {r.id for r in q.lease(10)}  # ... leased like any other task
+    # a queue made before tasks kept their origin gains the column
+    q.db.execute("ALTER TABLE flowride_tasks DROP COLUMN origin")
+    old = open_store(pg_url, "unused", "host-b")
+    assert old.get(leftover).origin is None and old.get(leftover).to_dict()["origin"] is None
+    old.close()
+    q.close()
+
+
 # ----------------------------------------------------------------------- two hosts, one queue
 
 

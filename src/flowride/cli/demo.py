@@ -109,7 +109,7 @@ def _demo_harvest(out_dir: Path) -> None:
         base_rep = c.baseline
         h = c.report
         lo, hi = h["overhead_ci95"]
-        verdict = {"within": "yes", "over": "NO", "undecided": "undecided (more pairs)"}[h["budget_verdict"]]
+        verdict = {"within": "yes", "over": "NO", "unresolved": "cannot resolve at this noise (more pairs)"}[h["budget_verdict"]]
         t.add_row(mode, f"{h['overhead_pct']:+.1f}% [{lo:+.1f}, {hi:+.1f}]", verdict,
                   f"{h['cost']['dedicated_seconds']:.2f}", "n/a" if h["harvest_efficiency"] is None else f"{h['harvest_efficiency']:.2f}", f"{h['cost']['savings']:+.3f}",
                   str(h["losses_identical"]))

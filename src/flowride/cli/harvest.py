@@ -49,16 +49,18 @@ def cmd_tasks(a: argparse.Namespace) -> int:
         store = open_store(url, a.run_dir)
     try:
         if a.action == "submit":
-            tid = store.submit(spec.name, spec.params, a.priority, a.memory_mb)
+            from flowride.harvest.rerun import BY_HAND
+
+            tid = store.submit(spec.name, spec.params, a.priority, a.memory_mb, origin=BY_HAND)
             console.print(f"submitted task {tid} ({a.task})")
         elif a.action == "list":
             t = Table(title=f"side tasks in {store.describe() if store.is_queue else a.run_dir}")
-            cols = ("id", "task", "state", "stage", "steps", "units", "reason") + (("host",) if store.is_queue else ())
+            cols = ("id", "task", "state", "stage", "steps", "units", "origin", "reason") + (("host",) if store.is_queue else ())
             for c in cols:
                 t.add_column(c)
             for r in store.list():
                 t.add_row(str(r.id), r.name, str(r.state), "" if r.stage is None else str(r.stage), str(r.steps), f"{r.units:g}",
-                          r.reason or "", *((r.host or "",) if store.is_queue else ()))
+                          r.origin or "", r.reason or "", *((r.host or "",) if store.is_queue else ()))
             console.print(t)
             for note in store.notes:
                 console.print(f"note: {note}", soft_wrap=True, highlight=False)
@@ -91,7 +93,7 @@ def cmd_manager(a: argparse.Namespace) -> int:
             say_error(f"manager restart failed: {last[-1] if last else e}")
             return 1
         console.print(f"manager restarted on 127.0.0.1:{port} (same port: running trainers keep reaching it); "
-                      "unfinished tasks resume from the store")
+                      "the run's unfinished tasks resume from the store")
     return 0
 
 

@@ -110,7 +110,8 @@ def cmd_train(a: argparse.Namespace) -> int:
         if res is None:  # a rank other than 0 under torchrun: rank 0 reports
             return 0
     else:
-        refuse_unused(a, "with --side-tasks", "leave it out, or name side tasks to harvest", store="--store")
+        refuse_unused(a, "with --side-tasks", "leave it out, or name side tasks to harvest", store="--store",
+                      resume_leftovers="--resume-leftovers")
         res = _run_training(cfg)
         if res is None:  # a rank other than 0 under torchrun: rank 0 reports
             return 0
@@ -130,6 +131,10 @@ def cmd_train(a: argparse.Namespace) -> int:
     console.print(_bubble_table(rep))
     if rep.get("harvest_mode", "none") != "none":
         console.print(_harvest_table(rep))
+        if "tasks_by_origin" in rep:  # which tasks ran and where each came from (harvest/rerun.py)
+            from flowride.harvest.rerun import summary_line
+
+            console.print(summary_line(rep["tasks"], rep.get("tasks_left", [])), soft_wrap=True, highlight=False)
         for note in rep.get("store_notes", []):
             console.print(f"note: {note}", soft_wrap=True, highlight=False)
     console.print(
@@ -138,6 +143,11 @@ def cmd_train(a: argparse.Namespace) -> int:
         f"theory {rep['bubble_fraction_theory']:.3f}",
         soft_wrap=True,
     )
+    if rep.get("bubble_prediction_error") is not None:
+        by = rep.get("bubble_prediction_error_by_type") or {}
+        console.print(f"bubble prediction error: median {rep['bubble_prediction_error']:.1%}"
+                      + ("; by type " + ", ".join(f"{t} {d['median']:.1%} (p90 {d['p90']:.1%}, {d['bubbles']})" for t, d in by.items())
+                         if by else ""), soft_wrap=True, highlight=False)
     if launched_as_rank():
         from flowride.clocks import describe
 
@@ -184,11 +194,12 @@ def _train_harvesting(a: argparse.Namespace, cfg, tasks: list[str], mode: str):
                     c = harvest_as_rank(cfg, mode, tasks, paired_block=a.paired_block, baseline_report=base_rep,
                                         p_ref=a.price_ref, p_main=a.price_main, budget_pct=a.budget, guard=a.guard == "on",
                                         bubble_profile=a.bubble_profile, store=store, on_stage=on_stage,
-                                        on_progress=on_progress)
+                                        on_progress=on_progress, resume_leftovers=a.resume_leftovers)
             else:
                 c = compare(cfg, mode, tasks, paired_block=a.paired_block, baseline_report=base_rep, p_ref=a.price_ref,
                             p_main=a.price_main, budget_pct=a.budget, bubble_profile=a.bubble_profile,
-                            on_stage=on_stage, on_progress=on_progress, guard=a.guard == "on", store=store)
+                            on_stage=on_stage, on_progress=on_progress, guard=a.guard == "on", store=store,
+                            resume_leftovers=a.resume_leftovers)
         except (TrainingFailed, ManagerUnavailable) as e:
             raise RunFailed(str(e)) from None
     if c is None:
@@ -205,7 +216,7 @@ def _efficiency(rep: dict) -> str:
 def _harvest_table(rep: dict) -> Table:
     ci = rep.get("overhead_ci95")
     ci_text = f" (95% CI {ci[0]:+.2f}..{ci[1]:+.2f}, {rep['overhead_pairs']} pairs)" if ci else ""
-    budget = {"within": "within", "over": "OVER", "undecided": "undecided against"}[rep["budget_verdict"]]
+    budget = {"within": "within", "over": "OVER", "unresolved": "cannot resolve"}[rep["budget_verdict"]]
     t = Table(title=f"harvest ({rep['harvest_mode']}): overhead {rep['overhead_pct']:+.2f}%{ci_text}, {budget} the "
                     f"{rep['overhead_budget_pct']:g}% budget; efficiency {_efficiency(rep)}, savings {rep['cost']['savings']:+.4f}")
     for c in ("task", "steps", "units", "units/s", "dedicated units/s", "overruns"):
@@ -220,7 +231,12 @@ def _harvest_table(rep: dict) -> Table:
         t.caption = (f"budget guard: rung {g['level']} (factor {g['setting']['factor']:g}, shortest bubble "
                      f"{g['setting']['min_bubble_s'] * 1e3:g} ms), {len(g['actions'])} action(s)"
                      + (f", last: {last['action']} at iteration {last['iteration']}" if last else "")
-                     + f"; settled at {settled} over {g['pairs_at_level']} pair(s) of its own measurement")
+                     + f"; settled at {settled} over {g['pairs_at_level']} pair(s): {g['verdict_text']}")
+        nf = g.get("noise_floor")
+        if nf and nf.get("ci95_pct"):
+            t.caption += f"; A/A noise floor {nf['mean_pct']:+.2f}% [{nf['ci95_pct'][0]:+.2f}, {nf['ci95_pct'][1]:+.2f}] over {nf['pairs']} pairs"
+    if rep.get("budget_verdict") == "unresolved":
+        t.caption = (t.caption + "\n" if t.caption else "") + rep["budget_note"]
     for f in rep["failures"]:
         t.add_row(f"{f['task']}:{f['name']}", "FAILED", (f["reason"] or "")[:60], "", "", "")
     if rep.get("manager_restarts"):
@@ -271,6 +287,9 @@ def add_train(sub) -> None:
     tr.add_argument("--store", help="where the side tasks are kept (with --side-tasks): left out, each host's own SQLite file "
                     "(RUN_DIR/<host>/tasks.sqlite); postgresql://USER@HOST[:PORT]/DB, one queue that every host's manager "
                     "leases from (under torchrun: the tasks are submitted once)")
+    tr.add_argument("--resume-leftovers", action="store_true",
+                    help="also run the unfinished side tasks earlier runs left in --run-dir (by default a run resumes only "
+                    "the tasks it names, matched by name and parameters, and leaves the others as they are)")
     tr.add_argument("--baseline-report", help="a none-mode train report to measure overhead against (else one is run first)")
     tr.add_argument("--price-main", type=number(0, 1e9, lo_open=True, what="a price"), default=None, help="training job price per hour (default: stages x 1)")
     tr.add_argument("--price-ref", type=number(0, 1e9, lo_open=True, what="a price"), default=1.0, help="reference device price per hour (default 1)")

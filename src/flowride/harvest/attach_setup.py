@@ -11,9 +11,10 @@ names the fix, raised on every rank of the job where the mistake is collective:
 - :func:`manager_import_path` and :class:`ManagerWithPath`: the manager is its own process, so a
   ``module:Class`` task that sits next to the training script is importable there only if the
   script's ``sys.path`` goes with it (as ``PYTHONPATH``);
-- :func:`prepare_store`: a re-run into the same run directory resumes its unfinished tasks,
-  labelled as a re-run (the store's own recovery labels them "recovered after a manager
-  restart", which is for real restarts only), or submits the side tasks fresh;
+- :func:`prepare_store`: a re-run into the same run directory resumes the unfinished tasks it
+  names (same name and parameters), labelled as a re-run (the store's own recovery labels them
+  "recovered after a manager restart", which is for real restarts only), submits the others
+  fresh, and leaves other jobs' unfinished tasks alone (:mod:`flowride.harvest.rerun`);
 - :func:`wait_ready`: the side tasks' processes are started and set up at ``attach`` (a task
   without a profile also learns its step time there), so a short job's first bubbles find them
   ready, and a task the manager cannot start is reported at once.
@@ -37,6 +38,7 @@ from typing import Any
 from flowride.errors import InputError
 from flowride.files import check_output_dir
 from flowride.harvest.manager_files import is_our_manager, read_pid
+from flowride.harvest.rerun import SUBMITTED, prepare_run
 from flowride.harvest.states import TaskState
 from flowride.harvest.store import TaskStore
 from flowride.harvest.supervise import ManagerProcess, ManagerUnavailable
@@ -203,35 +205,28 @@ def refuse_live_manager(run_dir: Path) -> None:
                          "attach that was not closed", f"give this job its own run_dir, or stop that one: flowride manager stop --run-dir {run_dir}")
 
 
-RERUN = "resumed by a re-run of this run_dir"
-
-
-def prepare_store(run_dir: Path, side_tasks: Sequence[str], params: dict[str, dict]) -> dict:
-    """Submit the side tasks, or resume the unfinished ones a previous job left in the store.
+def prepare_store(run_dir: Path, side_tasks: Sequence[str], params: dict[str, dict], resume_leftovers: bool = False) -> dict:
+    """The job's side tasks, by the re-run rule (:mod:`flowride.harvest.rerun`): each resumes the
+    unfinished task of the same name and parameters a previous job left in the store, or is
+    submitted; the unfinished tasks it does not name stay as they are, unless ``resume_leftovers``.
 
     Resumed tasks go back to SUBMITTED labelled as a re-run, so the manager's start-up recovery
     (meant for a manager that died) neither relabels them nor counts a restart. Returns what was
-    done: ``origin`` fresh or resumed, the task ids, and a note when ``side_tasks`` was not used.
+    done: ``origin`` (fresh: all submitted; resumed: all resumed; mixed; none), the task ids and
+    names, each task's origin, ``left`` (not run), ``since``, and a note when tasks were left.
     """
     store = TaskStore.in_run_dir(run_dir)
     try:
-        unfinished = store.unfinished()
-        if not unfinished:
-            ids = [store.submit(n, params.get(n, {})) for n in side_tasks]
-            return {"origin": "fresh" if ids else "none", "ids": ids, "names": list(side_tasks)}
-        now = time.time()
-        for t in unfinished:
-            if t.state in (TaskState.CREATED, TaskState.PAUSED, TaskState.RUNNING):
-                why = RERUN if t.state is TaskState.PAUSED else f"{RERUN} (the previous job's manager had died)"
-                store.db.execute("UPDATE tasks SET state=?, reason=?, updated=? WHERE id=?",
-                                 (TaskState.SUBMITTED.value, why, now, t.id))
-        out: dict = {"origin": "resumed", "ids": [t.id for t in unfinished], "names": [t.name for t in unfinished]}
-        if side_tasks and sorted(side_tasks) != sorted(out["names"]):
-            out["note"] = (f"side_tasks {list(side_tasks)} were not submitted: {run_dir} holds unfinished tasks "
-                           f"{out['names']}, resumed instead (give a new run_dir to start fresh)")
-        return out
+        plan = prepare_run(store, [(n, params.get(n, {})) for n in side_tasks], resume_leftovers)
     finally:
         store.close()
+    kinds = {t["origin"] for t in plan["tasks"]}
+    origin = "none" if not kinds else "fresh" if kinds == {SUBMITTED} else "resumed" if SUBMITTED not in kinds else "mixed"
+    out = {"origin": origin, "names": [t["name"] for t in plan["tasks"]], **plan}
+    if plan["left"]:
+        out["note"] = (f"{len(plan['left'])} unfinished task(s) left in {run_dir} by earlier jobs were not run: "
+                       f"{', '.join(str(t['id']) + ':' + t['name'] for t in plan['left'])} (resume_leftovers=True runs them)")
+    return out
 
 
 def steps_offset(run_dir: Path) -> int:

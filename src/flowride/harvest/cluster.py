@@ -38,6 +38,7 @@ from flowride.harvest.manager_files import ManagerOptions
 from flowride.harvest.session import (
     Comparison,
     harvest_report,
+    paired_options,
     profiles_for,
     submit_tasks,
     wait_until_created,
@@ -95,7 +96,7 @@ def merge_records(parts: list[dict], offsets: list[dict], queue: bool) -> dict:
     of its manager's rank), each labelled with its host; tasks of per-host stores named
     ``host:id`` (ids repeat between stores), those of the queue once by id (every host lists them)."""
     off = {int(o["rank"]): float(o["offset_s"]) for o in offsets}
-    steps, failures, tasks, hosts, notes = [], {}, {}, [], []
+    steps, failures, tasks, hosts, notes, left = [], {}, {}, [], [], []
     for p in parts:
         rec, host, shift = p["record"], p["host"], off.get(int(p["rank"]), 0.0)
 
@@ -110,20 +111,21 @@ def merge_records(parts: list[dict], offsets: list[dict], queue: bool) -> dict:
             k = key(t["id"])
             if k not in tasks or t.get("updated", 0) >= tasks[k].get("updated", 0):
                 tasks[k] = {**t, "id": k, "host": t.get("host") or host}
+        left += [{**t, "id": key(t["id"]), "host": t.get("host") or host} for t in rec.get("tasks_left", [])]
         notes += [n for n in rec.get("store_notes", []) if n not in notes]
         hosts.append({"node": p["node"], "host": host, "rank": p["rank"], "store": rec.get("store"), "steps": len(rec.get("steps", [])),
                       "manager_restarts": rec.get("manager_restarts", 0), "harvest_stopped": rec.get("harvest_stopped")})
     stopped = [f"host {h['host']}: {h['harvest_stopped']}" for h in hosts if h["harvest_stopped"]]
     return {"steps": sorted(steps, key=lambda s: s["t0"]), "failures": list(failures.values()), "tasks": list(tasks.values()),
             "manager_restarts": sum(h["manager_restarts"] for h in hosts), "harvest_stopped": "; ".join(stopped) or None,
-            "hosts": hosts, "store_notes": notes}
+            "hosts": hosts, "store_notes": notes, "tasks_left": left}
 
 
 def harvest_as_rank(cfg: TrainConfig, mode: str, tasks: list[str], *, paired_block: int = 2, baseline_report: dict | None = None,
                     p_ref: float = 1.0, p_main: float | None = None, budget_pct: float = 2.0, guard: bool = True,
                     bubble_profile: str | None = None, side_device: str = "cpu", store: str | None = None,
                     on_stage: Callable[[str], None] | None = None, on_progress=None,
-                    env: dict[str, str] | None = None) -> Comparison | None:
+                    env: dict[str, str] | None = None, resume_leftovers: bool = False) -> Comparison | None:
     """This torchrun process as one stage of a harvesting run (see the module's text). Returns the
     comparison on rank 0, None on the other ranks."""
     from flowride.pipeline.trainer import train_as_rank
@@ -145,9 +147,10 @@ def harvest_as_rank(cfg: TrainConfig, mode: str, tasks: list[str], *, paired_blo
             say("profiling side tasks alone (dedicated throughput, step time, memory)")
             profiles = profiles_for(tasks, run_dir / "task-profiles.json")
             mp = ManagerProcess(run_dir, ManagerOptions(stages=cfg.stages, mode=mode, device=side_device, store=store, host=host,
-                                                        budget_pct=budget_pct if guard else None), profiles)
+                                                        budget_pct=budget_pct if guard else None,
+                                                        **paired_options(replace(cfg, paired_block=paired_block))), profiles)
             if store is None or kv.add("submitted", 1) == 1:  # a queue gets the tasks once, from the first host
-                submit_tasks(mp, tasks, side_device)
+                submit_tasks(mp, tasks, side_device, resume_leftovers)  # each host's store: the re-run rule
             port = mp.start()
             wait_until_created(run_dir, mp)
             mp.watch()

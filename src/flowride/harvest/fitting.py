@@ -76,3 +76,81 @@ def candidates(tasks: Iterable[Fittable], stage: int, ev: BubbleEvent, now: floa
             continue
         out.append(live)
     return sorted(out, key=lambda t: (-t.rec.priority, t.busy_s, t.rec.id))
+
+
+class BubbleMargins:
+    """How the bubbles of each type really ended against their predicted ends, and the margin
+    the fit rule takes from that spread.
+
+    The reporter predicts a bubble's end from the pipeline's pace; on a noisy node some bubbles
+    still end early. Per bubble type the manager keeps the ratio ``measured / predicted`` length
+    of its last ``window`` bubbles; a step is fitted against the predicted length shrunk by their
+    ``quantile`` (the 10th percentile: 9 bubbles in 10 lasted at least that share), never
+    stretched (a bubble that ends late costs no overrun) and never below ``floor``. On a quiet
+    node the ratios sit at ~1 and the rule is FreeRide's; the noisier the node, the wider the
+    margin.
+    """
+
+    def __init__(self, window: int = 50, quantile: float = 0.1, min_seen: int = 5, floor: float = 0.5) -> None:
+        self.window, self.quantile, self.min_seen, self.floor = window, quantile, min_seen, floor
+        self.ratios: dict[str, list[float]] = {}
+        self._shrink: dict[str, float] = {}
+
+    def observe(self, typ: str, start: float, predicted_end: float | None, end: float) -> None:
+        if predicted_end is None or predicted_end <= start or end < start:
+            return
+        rs = self.ratios.setdefault(typ, [])
+        rs.append((end - start) / (predicted_end - start))
+        del rs[:-self.window]
+        self._shrink.pop(typ, None)
+
+    def shrink(self, typ: str) -> float:
+        """The share of a predicted length of type ``typ`` a step is fitted against."""
+        s = self._shrink.get(typ)
+        if s is None:
+            rs = self.ratios.get(typ, [])
+            if len(rs) < self.min_seen:
+                s = 1.0
+            else:
+                q = sorted(rs)[int(self.quantile * (len(rs) - 1))]
+                s = min(1.0, max(self.floor, q))
+            self._shrink[typ] = s
+        return s
+
+    def end_for(self, ev: BubbleEvent) -> float | None:
+        """``ev``'s predicted end with this type's margin taken off."""
+        if ev.predicted_end is None:
+            return None
+        return ev.start + self.shrink(ev.type) * (ev.predicted_end - ev.start)
+
+    def report(self) -> dict[str, dict]:
+        """Per type: bubbles seen, the median and 10th-percentile ratio, the median error, and
+        the share a step is fitted against."""
+        out = {}
+        for typ, rs in sorted(self.ratios.items()):
+            srt = sorted(rs)
+            out[typ] = {"bubbles": len(rs), "ratio_median": statistics.median(srt), "ratio_p10": srt[int(0.1 * (len(srt) - 1))],
+                        "error_median": statistics.median(abs(r - 1.0) for r in srt), "fit_share": self.shrink(typ)}
+        return out
+
+
+def why_none(tasks: Iterable[Fittable], stage: int, ev: BubbleEvent, now: float, factor: float) -> str:
+    """Why no task may start in ``stage``'s bubble ``ev`` (when :func:`candidates` is empty): the
+    reason a user can act on, the most telling first."""
+    tasks = [t for t in tasks if t.home is None or t.home == stage]
+    if not tasks:
+        return "no side task may run on this stage"
+    if all(t.finished for t in tasks):
+        return "every side task had finished"
+    live = [t for t in tasks if not t.finished]
+    if all(t.running or t.saving for t in live):
+        return "every side task was busy elsewhere (running on another stage or checkpointing)"
+    if all(not t.ready or t.probing for t in live if not (t.running or t.saving)):
+        return "no side task was ready yet (starting, or measuring its step time)"
+    idle = [t for t in live if t.ready and not (t.running or t.saving or t.probing)]
+    left = (ev.predicted_end or now) - now
+    if all(left <= t.need_s(factor) for t in idle):
+        need = min(t.need_s(factor) for t in idle)
+        return (f"no side task's step fits: the shortest needs {need * 1e3:.1f} ms (its median step x {factor:g}), "
+                f"the bubble had {max(0.0, left) * 1e3:.1f} ms left")
+    return "no side task fits the stage's free memory"

@@ -1,34 +1,46 @@
-"""The budget guard: the training owner's overhead budget held by a closed loop, not judged after.
+"""The budget guard: the training owner's overhead budget held by a closed loop that acts only on
+what its measurements can decide.
 
 Harvesting slows training through what it shares with it (caches, memory bandwidth, a core's
 turbo budget, a step that overruns its bubble). How much depends on the bubbles: with long ones
 the overhead is ~1%, with short ones it can pass 5%. So the manager keeps measuring it all run
-long and backs off when it is too high:
+long. On a noisy node (shared hosts, throttling) one pair's noise can be +-20%, far more than
+any budget: a guard that acted on a median of a few pairs there stopped all side work for an
+"overhead" whose interval was [-116%, +147%]. This guard therefore decides only what the data
+decides:
 
-- **Measure.** Harvesting is off in one block of iterations in every ``every`` (8): those
-  iterations run training alone, so each off block and the on block before it form a pair
-  (``mean(on) / mean(off) - 1``), both arms sharing the machine's drift. Any other off
-  iterations (a paired benchmark's ``off`` control events) pair the same way. The interval is a
-  t-interval over the pairs measured at the current setting (at most ``window``).
-- **Back off** when the interval's upper end is above the budget with at least ``min_pairs`` (3)
-  pairs and the pairs' median above half the budget (noise alone widens the interval of a few
-  pairs past any budget; it rarely moves the median that far), or when the median of two or more
-  pairs is above the budget (a short run has few pairs to spend): one rung up :data:`LADDER` — a wider fit margin, a longer shortest
-  bubble, skipping the bubble types and tasks whose steps overran, fewer tasks at once, and at
-  the top no harvesting at all.
-- **Relax** one rung when, with ``relax_pairs`` pairs, the median is under a quarter of the budget
-  and the upper end under the budget; from the top rung (nothing runs, so nothing pairs) after
-  ``probe_blocks`` blocks, to try again.
+- **Measure in pairs.** Iterations are cut into blocks of ``block``. In every cycle of ``every``
+  blocks the last two form a pair: one block harvests, the other runs training alone, in an
+  order drawn per cycle (so the machine's drift lines up with neither arm); each pair gives one
+  overhead figure ``mean(on) / mean(off) - 1``. When the training runs its own paired blocks
+  (``flowride train --paired-block``), those pairs are used instead (``external``; aligned chunks
+  of ``2 x ext_block`` iterations from ``ext_offset``, as :mod:`flowride.harvest.stats` reads
+  them) and the guard keeps no blocks of its own.
+- **A/A pairs, the noise floor.** One pair in ``aa_every`` runs training alone in *both* arms.
+  Its "overhead" is pure noise: their mean and spread are the floor under which no overhead can
+  be told apart from nothing, reported beside every decision. They never feed a decision.
+- **Back off** one rung of :data:`LADDER` only when the 95% t-interval's *lower* end over at
+  least ``min_pairs`` pairs at this rung is above the budget, and the pairs' median is too (robust
+  to one pair disturbed from outside). Since the budget is >= 0, an interval that contains zero
+  never stops side work.
+- **Relax** one rung only when the interval's *upper* end is below the budget (``relax_pairs``
+  pairs); from the top rung, where nothing runs and nothing pairs, after ``probe_blocks`` blocks.
+- **Otherwise hold.** An interval that spans the budget cannot decide: the guard says so
+  ("cannot resolve the budget at this noise"), keeps harvesting at the rung the last resolvable
+  decision set, and states how many pairs at the measured spread would resolve the difference
+  seen (``(1.96 s / |mean - budget|)^2``). The pairs it uses grow with the run (up to
+  ``window``), so the interval narrows as far as the noise allows: the pairs needed are a
+  function of the noise, not a constant.
 
 The guard is plain arithmetic on (iteration, seconds, harvested) triples; the manager
 (:mod:`flowride.harvest.manager`) feeds it the iteration times stage 0's reporter announces and
-applies its :class:`Setting`. Tested on synthetic timings (a 5% overhead driven under a 2%
-budget) without a process.
+applies its :class:`Setting`. Tested on synthetic timings without a process.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -39,6 +51,51 @@ _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
 
 def t975(dof: int) -> float:
     return _T975[dof - 1] if 1 <= dof <= len(_T975) else 1.96
+
+
+def t_interval(pcts: list[float]) -> tuple[float, float, float, float] | None:
+    """(mean, low, high, sd) in percent of a 95% t-interval over per-pair overheads ``pcts``;
+    None with fewer than two.
+
+    The interval is taken on log ratios and mapped back (a geometric mean): the plain mean of
+    ``on / off - 1`` is biased upward by about the square of the relative noise (E[1/x] > 1/E[x]),
+    which on a node with 10% jitter is ~1 point, half a typical budget, from nothing at all.
+    ``sd`` is the spread of one pair in percentage points (log-ratio spread x 100)."""
+    if len(pcts) < 2:
+        return None
+    xs = [math.log1p(p / 100.0) for p in pcts]
+    m = statistics.fmean(xs)
+    sd = statistics.stdev(xs)
+    half = t975(len(xs) - 1) * sd / math.sqrt(len(xs))
+    pct = lambda x: math.expm1(x) * 100.0  # noqa: E731
+    return pct(m), pct(m - half), pct(m + half), sd * 100.0
+
+
+def decision_interval(pcts: list[float], looks_before: int, alpha: float = 0.05) -> tuple[float, float] | None:
+    """(low, high) in percent of the interval the guard *acts* on: the t-interval at level
+    ``alpha / ((k + 1)(k + 2))`` for the ``k``-th look (``looks_before`` = k). The guard looks
+    after every pair; a 95% interval looked at that often crosses any budget by chance sooner or
+    later (an A/A stream backed off in about one run in ten). Spending ``alpha`` over the looks
+    this way (the terms sum to ``alpha``) bounds the chance of any false move on a rung over the
+    whole run by ``alpha``. It is never narrower than the 95% interval it reports."""
+    from scipy.stats import t as student_t
+
+    if len(pcts) < 2:
+        return None
+    xs = [math.log1p(p / 100.0) for p in pcts]
+    m, sd = statistics.fmean(xs), statistics.stdev(xs)
+    a = min(0.05, alpha / ((looks_before + 1) * (looks_before + 2)))
+    half = float(student_t.ppf(1.0 - a / 2.0, len(xs) - 1)) * sd / math.sqrt(len(xs))
+    return math.expm1(m - half) * 100.0, math.expm1(m + half) * 100.0
+
+
+def pairs_to_resolve(sd: float, mean: float, budget: float) -> int | None:
+    """Pairs whose 95% interval would be narrower than the distance between ``mean`` and the
+    budget at spread ``sd`` (normal approximation); None when the mean sits on the budget."""
+    gap = abs(mean - budget)
+    if gap < 1e-9:
+        return None
+    return max(2, math.ceil((1.96 * sd / gap) ** 2))
 
 
 @dataclass(frozen=True)
@@ -64,9 +121,10 @@ LADDER: tuple[Setting, ...] = (
 
 @dataclass
 class Pair:
-    iteration: int  # the last off iteration of the pair
-    on_s: float
+    iteration: int  # the last iteration of the pair
+    on_s: float  # the harvesting arm's mean (A/A pairs: the first arm's)
     off_s: float
+    aa: bool = False  # both arms ran training alone: a noise-floor pair
 
     @property
     def overhead_pct(self) -> float:
@@ -76,110 +134,199 @@ class Pair:
 @dataclass
 class BudgetGuard:
     """Closed-loop control of harvesting's overhead (see the module). ``block``: iterations per
-    block; ``every``: one block in this many runs without harvesting."""
+    block; ``every``: blocks per cycle, the last two of which are the cycle's pair."""
 
     budget_pct: float
     block: int = 1
     every: int = 8
-    window: int = 8
-    min_pairs: int = 3
+    window: int = 48  # pairs at the current rung that the interval uses (the newest)
+    min_pairs: int = 4
     relax_pairs: int = 4
+    aa_every: int = 4  # one pair in this many is A/A (0: none)
     probe_blocks: int = 32
     skip_first: int = 2  # warm-up iterations (allocation, the first bubbles learned) are not measured
-    external: bool = False  # the training switches harvesting on and off itself (a paired benchmark): its blocks pair
+    external: bool = False  # the training switches harvesting on and off itself (a paired run): its blocks pair
+    ext_block: int | None = None  # the training's own block length (None: ``block``)
+    ext_offset: int = 0  # the first iteration of the training's own first pair (its warm-up)
+    seed: int = 0
     level: int = 0
-    pairs: list[Pair] = field(default_factory=list)  # at the current level, oldest first
+    pairs: list[Pair] = field(default_factory=list)  # harvest-vs-alone pairs at the current level, oldest first
     all_pairs: list[Pair] = field(default_factory=list)
+    aa_pairs: list[Pair] = field(default_factory=list)
     actions: list[dict] = field(default_factory=list)
-    _run: list[tuple[int, float, bool]] = field(default_factory=list)  # the iterations since the last pair
+    _cur: tuple[int, list[tuple[int, float, bool]]] | None = None  # the pair being filled: (id, [(pos, s, on)])
     _idle: int = 0  # iterations seen on a rung that harvests nothing
+    _over_at: dict[int, int] = field(default_factory=dict)  # rung -> the iteration it was judged over the budget
+    retry_iters: int = 2048  # a rung judged over is not relaxed into again for this many iterations
+    alpha: float = 0.05  # the chance of any false move on one rung over a whole run (see decision_interval)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.budget_pct) and self.budget_pct >= 0):
             raise ValueError("budget_pct must be a finite percentage >= 0")
         if self.block < 1 or self.every < 2:
             raise ValueError("block >= 1 and every >= 2")
+        if self.min_pairs < 2 or self.relax_pairs < 2 or self.aa_every < 0:
+            raise ValueError("min_pairs >= 2, relax_pairs >= 2 and aa_every >= 0")
 
     @property
     def setting(self) -> Setting:
         return LADDER[self.level]
 
+    # ------------------------------------------------------------------ the measuring plan
+    def _is_aa(self, pair_id: int) -> bool:
+        return self.aa_every > 0 and pair_id % self.aa_every == self.aa_every - 1
+
+    def _own_slot(self, iteration: int) -> tuple[int, int] | None:
+        """(pair id, position in the pair) of one of the guard's own pair iterations, else None."""
+        b = iteration // self.block
+        pos = b % self.every - (self.every - 2)
+        if pos < 0:
+            return None
+        return b // self.every, pos * self.block + iteration % self.block
+
+    def _slot(self, iteration: int) -> tuple[int, int] | None:
+        if not self.external:
+            return self._own_slot(iteration)
+        blk = self.ext_block or self.block
+        if iteration < self.ext_offset:
+            return None
+        k = iteration - self.ext_offset
+        return k // (2 * blk), k % (2 * blk)
+
     def measuring_off(self, iteration: int) -> bool:
         """Whether ``iteration`` is one of the guard's own off iterations (training alone). False
         once the training runs its own on/off blocks: those pair instead, and an own off block
         inside its on blocks would bias its measurement low."""
-        return not self.external and (iteration // self.block) % self.every == self.every - 1
+        if self.external:
+            return False
+        slot = self._own_slot(iteration)
+        if slot is None:
+            return False
+        pid, pos = slot
+        if self._is_aa(pid):
+            return True
+        on_first = random.Random(self.seed * 1_000_003 + pid).random() < 0.5
+        return (pos < self.block) != on_first
 
-    def interval(self, pairs: list[Pair] | None = None) -> tuple[float, float, float] | None:
-        """(mean, low, high) overhead in percent over ``pairs`` (default: this level's last
-        ``window``); None with fewer than two."""
-        ps = (self.pairs if pairs is None else pairs)[-self.window:]
-        if len(ps) < 2:
-            return None
-        xs = [p.overhead_pct for p in ps]
-        m = statistics.fmean(xs)
-        half = t975(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-        return m, m - half, m + half
-
+    # ------------------------------------------------------------------ feeding
     def observe(self, iteration: int, seconds: float, harvested: bool) -> dict | None:
         """One iteration's time and whether side work could run in it. Returns the action taken
         (a back-off or a relax, also appended to :attr:`actions`), else None."""
         if not (seconds > 0 and math.isfinite(seconds)) or iteration < self.skip_first:
             return None
-        if self._run and self._run[-1][0] >= iteration:  # out of order or repeated: start again
-            self._run.clear()
-        self._run.append((iteration, seconds, harvested))
         if not self.setting.harvest:
             self._idle += 1
             if self._idle >= self.probe_blocks * self.block:
-                return self._move(-1, iteration, "probe", self.interval(self.all_pairs[-self.window:]) or (0.0, 0.0, 0.0))
+                iv = self.interval(self.all_pairs[-self.window:])
+                return self._move(-1, iteration, "probe", iv[:3] if iv else (0.0, 0.0, 0.0))
             return None
-        if harvested or len(self._run) < 2:
+        slot = self._slot(iteration)
+        if slot is None:
             return None
-        # an off run ends when the next iteration harvests; pair it once it is complete here
-        offs = []
-        for _it, s, h in reversed(self._run):
-            if h:
-                break
-            offs.append(s)
-        ons = [s for _, s, h in self._run[: len(self._run) - len(offs)] if h]  # every on iteration since the last pair
-        if self.measuring_off(iteration + 1) or len(ons) < len(offs):
-            return None  # the off run goes on, or no on run as long precedes it
-        pair = Pair(iteration, statistics.fmean(ons), statistics.fmean(offs))
-        self._run.clear()
-        self.pairs.append(pair)
-        self.all_pairs.append(pair)
-        return self._decide(iteration)
+        pid, pos = slot
+        if self._cur is None or self._cur[0] != pid or any(p >= pos for p, _, _ in self._cur[1]):
+            self._cur = (pid, [])  # a new pair (a pair cut short by a missed iteration is dropped)
+        self._cur[1].append((pos, seconds, harvested))
+        blk = (self.ext_block or self.block) if self.external else self.block
+        if len(self._cur[1]) < 2 * blk:
+            return None
+        got, self._cur = self._cur[1], None
+        on = [s for _, s, h in got if h]
+        off = [s for _, s, h in got if not h]
+        if len(on) == blk and len(off) == blk:
+            pair = Pair(iteration, statistics.fmean(on), statistics.fmean(off))
+            self.pairs.append(pair)
+            self.all_pairs.append(pair)
+            return self._decide(iteration)
+        if not on:  # training alone in both arms: the noise floor
+            self.aa_pairs.append(Pair(iteration, statistics.fmean(off[:blk]), statistics.fmean(off[blk:]), aa=True))
+        return None
+
+    # ------------------------------------------------------------------ deciding
+    def interval(self, pairs: list[Pair] | None = None) -> tuple[float, float, float, float] | None:
+        """(mean, low, high, sd) overhead in percent over ``pairs`` (default: this level's last
+        ``window``); None with fewer than two."""
+        ps = (self.pairs if pairs is None else pairs)[-self.window:]
+        return t_interval([p.overhead_pct for p in ps])
+
+    def verdict(self) -> dict:
+        """What the pairs at this rung can say about the budget: ``within``, ``over``,
+        ``unresolved`` (the interval spans the budget) or ``learning`` (too few pairs yet), with
+        the interval, the spread, and the pairs that would resolve it."""
+        ps = self.pairs[-self.window:]
+        iv = self.interval()
+        n = len(ps)
+        per_pair = 2 * (self.ext_block or self.block) if self.external else self.every * self.block
+        out: dict = {"pairs": n, "iterations_per_pair": per_pair}
+        if iv is None or n < min(self.min_pairs, self.relax_pairs):
+            out.update(verdict="learning", text=f"{n} pair(s) at this rung: too few to judge the {self.budget_pct:g}% budget")
+            return out
+        m, lo, hi, sd = iv
+        med = statistics.median(p.overhead_pct for p in ps)
+        # the looks at this rung so far, counted from the first that may act
+        dlo, dhi = decision_interval([p.overhead_pct for p in ps], max(0, len(self.pairs) - min(self.min_pairs, self.relax_pairs)),
+                                     self.alpha)
+        out.update(mean_pct=m, median_pct=med, ci95_pct=[lo, hi], sd_pct=sd, decision_interval_pct=[dlo, dhi])
+        if dlo > self.budget_pct and med > self.budget_pct:
+            out.update(verdict="over", text=f"over the {self.budget_pct:g}% budget: the interval [{lo:+.2f}, {hi:+.2f}]% lies above it")
+        elif dhi < self.budget_pct:
+            out.update(verdict="within", text=f"within the {self.budget_pct:g}% budget: the interval [{lo:+.2f}, {hi:+.2f}]% lies under it")
+        else:
+            need = pairs_to_resolve(sd, m, self.budget_pct)
+            more = ("no number of pairs would: the mean sits on the budget" if need is None else
+                    f"about {need} pairs ({need * per_pair} iterations) at this spread would resolve a difference of "
+                    f"{abs(m - self.budget_pct):.2f} points")
+            out.update(verdict="unresolved", pairs_needed=need, iterations_needed=None if need is None else need * per_pair,
+                       text=f"cannot resolve the {self.budget_pct:g}% budget at this noise: the interval [{lo:+.2f}, {hi:+.2f}]% "
+                            f"spans it (pair spread {sd:.2f} points over {n} pairs); {more}")
+        return out
 
     def _decide(self, iteration: int) -> dict | None:
+        v = self.verdict()
         iv = self.interval()
-        if iv is None:
-            return None
-        _, _, hi = iv
-        n = min(len(self.pairs), self.window)
-        mid = statistics.median(p.overhead_pct for p in self.pairs[-self.window:])  # robust to a pair disturbed from outside
-        over = (n >= 2 and mid > self.budget_pct) or (n >= self.min_pairs and hi > self.budget_pct and mid > self.budget_pct / 2)
-        if self.level + 1 < len(LADDER) and over:
-            return self._move(+1, iteration, "back off", iv)
-        if self.level > 0 and n >= self.relax_pairs and mid < self.budget_pct / 4 and hi < self.budget_pct:
-            return self._move(-1, iteration, "relax", iv)
+        if v["verdict"] == "over" and v["pairs"] >= self.min_pairs and self.level + 1 < len(LADDER):
+            return self._move(+1, iteration, "back off", iv[:3])
+        if v["verdict"] == "within" and v["pairs"] >= self.relax_pairs and self.level > 0:
+            # not back into a rung judged over the budget a short while ago (that would only
+            # swing between the two): after ``retry_iters`` it may be tried again
+            over_at = self._over_at.get(self.level - 1)
+            if over_at is None or iteration - over_at >= self.retry_iters:
+                return self._move(-1, iteration, "relax", iv[:3])
         return None
 
     def _move(self, step: int, iteration: int, what: str, iv: tuple[float, float, float]) -> dict:
+        if what == "back off":
+            self._over_at[self.level] = iteration
         self.level += step
         self.pairs = []
+        self._cur = None
         self._idle = 0
         act = {"iteration": iteration, "action": what, "level": self.level, "overhead_pct": iv[0],
                "ci95_pct": [iv[1], iv[2]], "setting": asdict(self.setting)}
         self.actions.append(act)
         return act
 
+    def noise_floor(self) -> dict | None:
+        """The A/A pairs (training alone in both arms): their mean "overhead" and its interval, the
+        spread one pair has when nothing differs. None before two."""
+        iv = t_interval([p.overhead_pct for p in self.aa_pairs])
+        if iv is None:
+            return {"pairs": len(self.aa_pairs)} if self.aa_pairs else None
+        m, lo, hi, sd = iv
+        return {"pairs": len(self.aa_pairs), "mean_pct": m, "ci95_pct": [lo, hi], "sd_pct": sd}
+
     def report(self) -> dict:
         """What the guard did and where it settled: the overhead over the pairs of the last
-        level (the one the run ended on), with its interval, and every action."""
+        level (the one the run ended on), with its interval, whether that decides the budget,
+        the A/A noise floor, and every action."""
         iv = self.interval()
+        v = self.verdict()
         return {"budget_pct": self.budget_pct, "block": self.block, "every": self.every, "level": self.level,
                 "setting": asdict(self.setting), "pairs": len(self.all_pairs), "pairs_at_level": len(self.pairs),
+                "external": self.external,
                 "settled_overhead_pct": None if iv is None else iv[0],
                 "settled_ci95_pct": None if iv is None else [iv[1], iv[2]],
+                "verdict": v["verdict"], "verdict_text": v["text"], "resolved": v["verdict"] in ("within", "over"),
+                "pairs_needed": v.get("pairs_needed"), "iterations_needed": v.get("iterations_needed"),
+                "noise_floor": self.noise_floor(),
                 "actions": self.actions}

@@ -26,7 +26,8 @@ between devices costs more than a bubble); submit one instance per stage to use 
 Failures are contained. A task that crashes, runs out of memory or ignores a pause is killed and
 marked FAILED with the reason; the other tasks go on, and training never waits on any of it.
 Every completed step is appended to ``steps.jsonl`` as it happens, so a manager killed with -9
-loses no record of work done; a restarted manager resumes every unfinished task from the store.
+loses no record of work done; a restarted manager resumes every unfinished task of its run from the
+store (the run's tasks: :mod:`flowride.harvest.rerun`).
 """
 
 from __future__ import annotations
@@ -38,10 +39,12 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from flowride.files import write_json_atomic
-from flowride.harvest.fitting import candidates
+from flowride.harvest.fitting import BubbleMargins, candidates, why_none
 from flowride.harvest.guard import BudgetGuard
 from flowride.harvest.hosts import Live, cuda_devices, start_host
 from flowride.harvest.leasing import poll_queue
@@ -54,6 +57,7 @@ from flowride.harvest.manager_files import (
     remove_pid,
     write_pid,
 )
+from flowride.harvest.rerun import split_tasks, takes
 from flowride.harvest.states import TaskState
 from flowride.harvest.store import TaskRecord
 from flowride.harvest.stores import open_store
@@ -90,13 +94,18 @@ class Manager:
         self.bubble: dict[int, BubbleEvent] = {}
         self.harvesting = True  # switched by "on"/"off" events (paired overhead runs)
         # the budget guard (harvest/guard.py): fed stage 0's iteration times, it sets what may run
-        self.guard = (BudgetGuard(opts.budget_pct, block=opts.guard_block, every=opts.guard_every)
+        self.guard = (BudgetGuard(opts.budget_pct, block=opts.guard_block, every=opts.guard_every,
+                                  external=opts.paired_block > 0, ext_block=opts.paired_block or None,
+                                  ext_offset=opts.paired_offset)
                       if opts.budget_pct is not None and opts.mode == "freeride" else None)
         self.iter_start: tuple[int, float] | None = None  # stage 0's current iteration and its start
         self.iter_on = True  # whether side work may run in that iteration
         self.type_steps: dict[str, list[int]] = {}  # bubble type -> [steps, steps that overran]
         self.type_of: dict[int, str] = {}  # task id -> the bubble type it runs in now
         self.failures: list[dict] = []
+        self.margins = BubbleMargins()  # per bubble type: how bubbles ended against their prediction (fitting.py)
+        self.unused: Counter[str] = Counter()  # why an announced bubble got no side step, by reason
+        self.bubbles_announced = 0
         self.stop = threading.Event()
         self.next_stage = 0
         self.events_seen = 0
@@ -155,21 +164,31 @@ class Manager:
         self._progress(live)
 
     # ------------------------------------------------------------------ scheduling
-    def _fill(self, stage: int) -> None:
-        """Inside a bubble and no task running there: start the best one that fits what is left."""
+    def _fill(self, stage: int) -> str | None:
+        """Inside a bubble and no task running there: start the best one that fits what is left
+        of it (its predicted end less the margin its type's spread asks for). Returns why none
+        started (None: one did, or one runs already)."""
         ev = self.bubble.get(stage)
-        if ev is None or not self.harvesting or stage in self.running_on:
-            return
-        if ev.predicted_end is None or ev.predicted_end <= time.monotonic():
-            return
-        if not self._guard_allows(ev):
-            return
-        cands = candidates(self.live.values(), stage, ev, time.monotonic(), self._factor())
+        if ev is None or stage in self.running_on:
+            return None
+        if not self.harvesting:
+            return "harvesting was off (the training's own off block of a paired measurement)"
+        end = self.margins.end_for(ev)
+        now = time.monotonic()
+        if end is None or end <= now:
+            return "the bubble had ended (its predicted end less the margin) when it was seen"
+        why = self._guard_why(ev)
+        if why:
+            return why
+        ev = replace(ev, predicted_end=end)
+        cands = candidates(self.live.values(), stage, ev, now, self._factor())
         if self.guard is not None and self.guard.setting.skip_overrunning:
             cands = [c for c in cands if not _overran(c.steps, c.overruns)]
-        if cands:
-            self.type_of[cands[0].rec.id] = ev.type
-            self._start(cands[0], stage, ev.predicted_end)
+        if not cands:
+            return why_none(self.live.values(), stage, ev, now, self._factor())
+        self.type_of[cands[0].rec.id] = ev.type
+        self._start(cands[0], stage, end)
+        return None
 
     # ------------------------------------------------------------------ the budget guard
     def _factor(self) -> float:
@@ -180,20 +199,24 @@ class Manager:
             return self.harvesting
         return self.harvesting and self.guard.setting.harvest and not self.guard.measuring_off(iteration)
 
-    def _guard_allows(self, ev: BubbleEvent) -> bool:
-        """The guard's current rung lets a step start in bubble ``ev``: not an iteration kept
-        for measuring, a bubble long enough, room for one more running task, a bubble type
-        whose steps did not overrun."""
+    def _guard_why(self, ev: BubbleEvent) -> str | None:
+        """Why the guard's current rung keeps steps out of bubble ``ev`` (None: it lets one
+        start): an iteration kept for measuring, the top rung, a bubble too short, no room for one
+        more running task, a bubble type whose steps overran."""
         if self.guard is None:
-            return True
+            return None
         s = self.guard.setting
-        if not self._may_harvest(ev.iteration):
-            return False
+        if not s.harvest:
+            return f"the budget guard's top rung (harvesting paused: {self.guard.verdict()['text']})"
+        if self.guard.measuring_off(ev.iteration):
+            return "the budget guard's own off block (training alone, to measure the overhead)"
         if ev.predicted_end - ev.start < s.min_bubble_s:
-            return False
+            return f"shorter than the budget guard's shortest bubble on rung {self.guard.level} ({s.min_bubble_s * 1e3:g} ms)"
         if s.max_running is not None and len(self.running_on) >= s.max_running:
-            return False
-        return not (s.skip_overrunning and _overran(*self.type_steps.get(ev.type, (0, 0))))
+            return f"the budget guard's rung {self.guard.level} runs {s.max_running} side task at a time"
+        if s.skip_overrunning and _overran(*self.type_steps.get(ev.type, (0, 0))):
+            return f"steps in {ev.type} bubbles overran, and the budget guard's rung {self.guard.level} skips them"
+        return None
 
     def _on_iteration(self, ev: BubbleEvent) -> None:
         """Stage 0 began iteration ``ev.iteration``: the last one's time goes to the guard, and
@@ -337,9 +360,14 @@ class Manager:
             return
         if ev.kind == "bubble":
             self.bubble[ev.stage] = ev
-            self._fill(ev.stage)
+            self.bubbles_announced += 1
+            why = self._fill(ev.stage)
+            if why:
+                self.unused[why] += 1
         else:  # the stage computes again: give its core back
-            self.bubble.pop(ev.stage, None)
+            b = self.bubble.pop(ev.stage, None)
+            if b is not None:
+                self.margins.observe(b.type, b.start, b.predicted_end, ev.start)
             t = self.running_on.get(ev.stage)
             if t is not None:
                 self._pause(t)
@@ -370,8 +398,9 @@ class Manager:
         if self.store.is_queue:
             self._poll_queue()
             return
-        for rec in self.store.list():
-            if rec.state is TaskState.SUBMITTED and rec.id not in self.live and not rec.cancel_requested:
+        for rec in self.store.list():  # the run's tasks only: other runs' stay as they are (harvest/rerun.py)
+            if rec.state is TaskState.SUBMITTED and rec.id not in self.live and not rec.cancel_requested \
+                    and takes(self.store, rec, self.opts):
                 try:
                     self._spawn(rec)
                 except Exception as e:  # a task that cannot even start fails alone
@@ -421,7 +450,7 @@ class Manager:
                 self.q.put(("bubble", None, ev))
 
     def serve(self) -> None:
-        self.store.recover()
+        self.store.recover(self.opts.run_tasks, self.opts.run_since)
         write_pid(self.run_dir)
         listener = threading.Thread(target=self._event_loop, daemon=True)
         listener.start()
@@ -450,7 +479,7 @@ class Manager:
             if state in (TaskState.RUNNING, TaskState.CREATED):
                 self._set_state(live, TaskState.PAUSED)
         self.steps_file.close()
-        tasks = self.store.list()
+        tasks, left = split_tasks(self.store.list(), self.opts)  # this run's; other runs' unfinished ones
         record = {
             "mode": self.mode,
             "device": self.opts.device,
@@ -461,7 +490,11 @@ class Manager:
             "failures": [{"task": t.id, "name": t.name, "stage": t.stage, "reason": t.reason}
                          for t in tasks if t.state is TaskState.FAILED],
             "tasks": [t.to_dict() for t in tasks],
+            "tasks_left": [t.to_dict() for t in left],
             "guard": self.guard.report() if self.guard is not None else None,
+            # every announced bubble, and why those that got no side step got none
+            "bubbles": {"announced": self.bubbles_announced, "unused_by_reason": dict(self.unused.most_common()),
+                        "prediction_by_type": self.margins.report()},
         }
         write_json_atomic(self.run_dir / "harvest.json", record)
         remove_pid(self.run_dir)
@@ -476,12 +509,16 @@ def _overran(steps: int, overruns: int) -> bool:
     return steps >= 5 and overruns > OVERRAN_SHARE * steps
 
 
-def read_steps(run_dir: str | Path) -> list[dict]:
-    """Every side-task step recorded in a run directory, by this and any earlier manager."""
+def read_steps(run_dir: str | Path, offset: int = 0) -> list[dict]:
+    """Every side-task step recorded in a run directory, by this and any earlier manager (from
+    byte ``offset`` of ``steps.jsonl`` on: a run's own steps begin where the file ended when it began)."""
     f = Path(run_dir) / "steps.jsonl"
     out = []
     if f.exists():
-        for line in f.read_text().splitlines():
+        with open(f, "rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode(errors="replace")
+        for line in text.splitlines():
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:  # a line cut short by a kill -9

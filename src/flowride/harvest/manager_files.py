@@ -54,13 +54,22 @@ class ManagerOptions:
     mps_thread_percentage: int = 50  # applied only when an MPS daemon runs
     budget_pct: float | None = 2.0  # the overhead the budget guard holds harvesting to (None: no guard)
     guard_block: int = 1  # iterations per block of the guard's measurement
-    guard_every: int = 8  # one block in this many runs training alone, to measure the overhead
+    guard_every: int = 8  # blocks per cycle of the guard's own measurement; the last two are its pair
+    # the training's own paired on/off blocks (flowride train --paired-block): their length and the
+    # first paired iteration (after warm-up); the guard pairs those instead of keeping its own
+    paired_block: int = 0
+    paired_offset: int = 0
     # where the tasks are kept: None, each host's SQLite file (RUN_DIR/<host>/tasks.sqlite); or a
     # postgresql:// URL, one queue every host's manager leases from (harvest/stores.py)
     store: str | None = None
     host: str = ""  # this manager's host id ("": FLOWRIDE_HOST_ID or the hostname, fixed when it starts)
     lease_s: float = 10.0  # the queue: a lease not renewed for this long lapses and the task goes back
     lease_tasks: int = 0  # the queue: tasks held at once (0: one per stage)
+    # the run's tasks (harvest/rerun.py): the manager runs these and those submitted from run_since
+    # (time.time()) on, and leaves other runs' unfinished tasks alone; None (an older manager.json,
+    # or the queue): every task
+    run_tasks: list[int] | None = None
+    run_since: float | None = None
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -86,8 +95,18 @@ class ManagerOptions:
             raise ValueError("lease_s must be 0.5..3600 seconds")
         if not isinstance(self.lease_tasks, int) or isinstance(self.lease_tasks, bool) or self.lease_tasks < 0:
             raise ValueError("lease_tasks must be 0 (one per stage) or more")
+        if self.run_tasks is not None and (not isinstance(self.run_tasks, list | tuple)
+                                           or not all(isinstance(i, int) and not isinstance(i, bool) for i in self.run_tasks)):
+            raise ValueError("run_tasks must be null or a list of task ids")
+        if self.run_since is not None and (not isinstance(self.run_since, int | float) or isinstance(self.run_since, bool)
+                                           or not math.isfinite(self.run_since)):
+            raise ValueError("run_since must be null or a time in seconds")
         if self.budget_pct is not None and not (isinstance(self.budget_pct, int | float) and 0 <= self.budget_pct <= 100):
             raise ValueError("budget_pct must be a percentage 0..100 or null")
+        for name in ("paired_block", "paired_offset"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be an integer >= 0")
         for name in ("guard_block", "guard_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < (1 if name == "guard_block" else 2):

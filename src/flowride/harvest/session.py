@@ -24,6 +24,7 @@ from flowride.files import read_json, write_json_atomic
 from flowride.harvest.cost import harvest_efficiency, savings
 from flowride.harvest.manager_files import ManagerOptions
 from flowride.harvest.profile import profile_task
+from flowride.harvest.rerun import by_origin, prepare_run, runs
 from flowride.harvest.stats import paired_overhead
 from flowride.harvest.stores import open_store
 from flowride.harvest.supervise import ManagerProcess, ManagerUnavailable
@@ -75,7 +76,7 @@ def wait_until_created(run_dir: Path, mp: ManagerProcess, timeout: float = 180.0
     t0 = time.monotonic()
     try:
         while True:
-            tasks = store.list()
+            tasks = [t for t in store.list() if runs(t, mp.opts)]  # other runs' leftovers wait, unstarted
             states = [t.state for t in tasks]
             if _created(tasks, mp.opts.host, store.is_queue):
                 return
@@ -105,11 +106,14 @@ def profiles_for(tasks: list[str], cache: Path | None = None) -> dict[str, dict]
 
 def run_harvest(cfg: TrainConfig, mode: str, tasks: list[str], profiles: dict[str, dict], on_progress=None,
                 bubble_profile: str | None = None, side_device: str = "cpu", max_restarts: int = 3,
-                budget_pct: float | None = DEFAULT_BUDGET_PCT, store: str | None = None) -> tuple[TrainResult, dict]:
+                budget_pct: float | None = DEFAULT_BUDGET_PCT, store: str | None = None,
+                resume_leftovers: bool = False) -> tuple[TrainResult, dict]:
     """Train ``cfg`` with side ``tasks`` under ``mode``; returns the training result and the
     manager's record (side-task steps, failures, final task states, manager restarts, what the
     budget guard did). ``budget_pct``: the overhead the guard holds harvesting to (None: off).
-    ``store``: None for this host's SQLite store in the run directory, or the cluster queue's URL."""
+    ``store``: None for this host's SQLite store in the run directory, or the cluster queue's URL.
+    ``resume_leftovers``: also run the unfinished tasks earlier runs left in the run directory
+    (:mod:`flowride.harvest.rerun`; otherwise they stay as they are)."""
     if mode not in HARVEST_MODES:
         raise InputError("--harvest", f"unknown mode {mode!r}", f"choose one of {', '.join(HARVEST_MODES)}")
     run_dir = Path(cfg.run_dir)
@@ -119,8 +123,8 @@ def run_harvest(cfg: TrainConfig, mode: str, tasks: list[str], profiles: dict[st
         return train(pinned, on_progress), {"steps": [], "failures": [], "tasks": [], "mode": mode,
                                             "manager_restarts": 0, "harvest_stopped": None}
     mp = ManagerProcess(run_dir, ManagerOptions(stages=cfg.stages, mode=mode, device=side_device, budget_pct=budget_pct,
-                                                store=store), profiles, max_restarts=max_restarts)
-    submit_tasks(mp, tasks, side_device)
+                                                store=store, **paired_options(cfg)), profiles, max_restarts=max_restarts)
+    submit_tasks(mp, tasks, side_device, resume_leftovers)
     port = mp.start()
     try:
         wait_until_created(run_dir, mp)
@@ -131,14 +135,25 @@ def run_harvest(cfg: TrainConfig, mode: str, tasks: list[str], profiles: dict[st
     return res, record
 
 
-def submit_tasks(mp: ManagerProcess, tasks: list[str], side_device: str = "cpu", only_if_idle: bool = False) -> list[int]:
-    """Submit ``tasks`` (as long jobs) to the store ``mp``'s manager will use; ``only_if_idle``:
-    only when it holds no unfinished task (a re-run resumes those instead). Returns their ids."""
+def paired_options(cfg: TrainConfig) -> dict:
+    """The manager options that let its budget guard pair the training's own on/off blocks."""
+    if not cfg.paired_block:
+        return {}
+    return {"paired_block": cfg.paired_block, "paired_offset": min(cfg.warmup_iters, cfg.iters)}
+
+
+def submit_tasks(mp: ManagerProcess, tasks: list[str], side_device: str = "cpu", resume_leftovers: bool = False) -> dict:
+    """The run's ``tasks`` (as long jobs) in the store ``mp``'s manager will use, by the re-run
+    rule (:mod:`flowride.harvest.rerun`): each resumes its unfinished twin (same name and
+    parameters) or is submitted; other runs' unfinished tasks are left alone unless
+    ``resume_leftovers``. ``mp``'s manager is told which tasks are the run's. Returns
+    :func:`~flowride.harvest.rerun.prepare_run`'s account (ids, tasks and their origin, left)."""
     store = open_store(mp.opts.store, mp.run_dir, mp.opts.host)
     try:
-        if only_if_idle and store.unfinished():
-            return []
-        return [store.submit(name, job_params(name, side_device)) for name in tasks]
+        plan = prepare_run(store, [(name, job_params(name, side_device)) for name in tasks], resume_leftovers)
+        if not store.is_queue:  # the queue's tasks are the cluster's: any manager leases them
+            mp.opts = replace(mp.opts, run_tasks=plan["ids"], run_since=plan["since"])
+        return plan
     finally:
         store.close()
 
@@ -178,7 +193,9 @@ def harvest_report(base_rep: dict | None, rep: dict, record: dict, mode: str, pr
                     "overhead_pct_unpaired_in_run": stats["unpaired_pct"],
                     "overhead_ci95_unpaired_in_run": stats["unpaired_ci95_pct"],
                     "overhead_pairs": stats["pairs"], "overhead_method": "paired on/off blocks in one run",
-                    "overhead_per_pair_pct": stats["per_pair_pct"]})
+                    "overhead_per_pair_pct": stats["per_pair_pct"], "overhead_sd_pct": stats["sd_pct"],
+                    # A/A pairs (training alone in both arms): what the measurement reads when nothing differs
+                    "overhead_noise_floor": stats["noise_floor"]})
     else:
         if base_rep is None:
             raise ValueError("an unpaired harvest report needs a baseline report")
@@ -215,22 +232,25 @@ def harvest_report(base_rep: dict | None, rep: dict, record: dict, mode: str, pr
         d["dedicated_throughput"] = prof.get("throughput", 0.0)
         if d["dedicated_throughput"] > 0:
             dedicated += d["units"] / d["dedicated_throughput"]
-    efficiency, why_not = _efficiency(side, dedicated, bubble, outside)
-    lo, hi = out["overhead_ci95"] if out.get("overhead_ci95") else (out["overhead_pct"], out["overhead_pct"])
+    efficiency, why_not = _efficiency(side, dedicated, bubble, outside, record.get("bubbles"))
+    out.update(budget_judgement(out, budget_pct, block or (_block_of(flags) if paired else None)))
     out.update({
-        # within: the whole interval is under the budget; over: the whole interval above it;
-        # undecided: the run was too short to tell (more pairs narrow the interval)
-        "within_budget": bool(hi <= budget_pct),
-        "budget_verdict": "within" if hi <= budget_pct else ("over" if lo > budget_pct else "undecided"),
         "side_work": side,
         "harvest_efficiency": efficiency,
         "harvest_efficiency_note": why_not,
         "side_steps_outside_measured_iterations": outside,
+        # the manager's view: bubbles announced to it, why those it left unused got no step,
+        # and per type how bubbles ended against their prediction (the fit rule's margin)
+        "bubbles_announced": (record.get("bubbles") or {}).get("announced"),
+        "bubbles_unused_by_reason": (record.get("bubbles") or {}).get("unused_by_reason"),
+        "bubble_fit_margins": (record.get("bubbles") or {}).get("prediction_by_type"),
         "bubble_seconds": bubble,
         "cost": savings(t_v, t_f, dedicated, p_ref, p_main),
         "losses_identical": (rep["losses"] == base_rep["losses"]) if base_rep is not None else None,
         "failures": record.get("failures", []),
-        "tasks": record.get("tasks", []),
+        "tasks": record.get("tasks", []),  # the tasks this run ran, each with its origin (harvest/rerun.py)
+        "tasks_by_origin": by_origin(record.get("tasks", [])),
+        "tasks_left": record.get("tasks_left", []),  # other runs' unfinished tasks, not run
         "manager_restarts": record.get("manager_restarts", 0),
         "harvest_stopped": record.get("harvest_stopped"),
         "guard": record.get("guard"),
@@ -238,18 +258,67 @@ def harvest_report(base_rep: dict | None, rep: dict, record: dict, mode: str, pr
     return out
 
 
-def _efficiency(side: dict[str, dict], dedicated: float, bubble: float, outside: int) -> tuple[float | None, str | None]:
-    """Harvest efficiency and, where it cannot be computed, why (a figure that cannot be computed
-    says so: a 0.00 would read as "no work done" when work was done but cannot be weighed)."""
+def budget_judgement(out: dict, budget_pct: float, block: int | None) -> dict:
+    """Whether the run's overhead interval decides the budget: ``within`` (the whole interval
+    under it), ``over`` (the whole interval above it) or ``unresolved`` (it spans the budget:
+    at this noise the run was too short to tell), with a note that says, when unresolved, how
+    many pairs (and iterations) at the measured spread would resolve the difference seen."""
+    from flowride.harvest.guard import pairs_to_resolve
+
+    m = out["overhead_pct"]
+    lo, hi = out["overhead_ci95"] if out.get("overhead_ci95") else (m, m)
+    if hi <= budget_pct:
+        verdict, note = "within", f"the interval [{lo:+.2f}, {hi:+.2f}]% lies under the {budget_pct:g}% budget"
+    elif lo > budget_pct:
+        verdict, note = "over", f"the interval [{lo:+.2f}, {hi:+.2f}]% lies above the {budget_pct:g}% budget"
+    else:
+        verdict = "unresolved"
+        sd = out.get("overhead_sd_pct")
+        need = pairs_to_resolve(sd, m, budget_pct) if sd else None
+        if out.get("overhead_ci95") is None:
+            note = "one separate run has no interval: run paired (--paired-block) to resolve the budget"
+        elif need is None:
+            note = (f"cannot resolve the {budget_pct:g}% budget: the interval [{lo:+.2f}, {hi:+.2f}]% spans it and the "
+                    "overhead sits on it")
+        else:
+            note = (f"cannot resolve the {budget_pct:g}% budget at this noise: the interval [{lo:+.2f}, {hi:+.2f}]% spans it "
+                    f"(pair spread {sd:.2f} points over {out.get('overhead_pairs')} pairs); about {need} pairs"
+                    + (f" ({need * 2 * block} paired iterations)" if block else "")
+                    + f" would resolve a difference of {abs(m - budget_pct):.2f} points")
+    return {"within_budget": verdict == "within", "budget_verdict": verdict, "budget_resolved": verdict != "unresolved",
+            "budget_note": note}
+
+
+def _efficiency(side: dict[str, dict], dedicated: float, bubble: float, outside: int,
+                bubbles: dict | None = None) -> tuple[float | None, str | None]:
+    """Harvest efficiency and, where it is null or 0, why, in terms a user can act on (a 0.00
+    would read as "no work done" when work was done but cannot be weighed; "no work done" is a
+    symptom, the rule that kept the work out is the cause). ``bubbles``: the manager's count of
+    announced bubbles and why those it did not use went unused."""
     if bubble <= 0:
         return None, "no bubble time was measured in the harvesting iterations"
     unweighed = sorted({d["name"] for d in side.values() if d["units"] > 0 and d["dedicated_throughput"] <= 0})
     if unweighed:
-        return None, (f"no dedicated throughput for {', '.join(unweighed)}: profile it (flowride profile-task) so its work "
-                      "can be weighed")
-    if not side and outside:
-        return 0.0, f"all {outside} side step(s) ran outside the measured iterations (warm-up, or after the last)"
+        return None, (f"no dedicated throughput for {', '.join(unweighed)}: its profile could not be measured, so its work "
+                      "cannot be weighed (see flowride profile-task)")
+    if not side:
+        return 0.0, no_work_cause(bubbles, outside)
     return harvest_efficiency(dedicated, bubble), None
+
+
+def no_work_cause(bubbles: dict | None, outside: int) -> str:
+    """Why a run did no side work in its measured iterations: the rule that kept it out."""
+    bubbles = bubbles or {}
+    n = bubbles.get("announced", 0)
+    unused = bubbles.get("unused_by_reason") or {}
+    head = "no side work in the measured iterations"
+    if outside:
+        head += f" ({outside} side step(s) ran outside them, in warm-up or after the last)"
+    if not n:
+        return head + ": no bubble was announced to the manager (every wait was predicted shorter than --min-bubble, or the run was too short to learn them)"
+    top = sorted(unused.items(), key=lambda kv: -kv[1])[:3]
+    why = "; ".join(f"{c} of {n} bubbles: {r}" for r, c in top)
+    return f"{head}: {why}" if why else f"{head}: {n} bubbles were announced and none was used"
 
 
 def _block_of(flags: list[bool | None]) -> int:
@@ -314,11 +383,12 @@ def compare(cfg: TrainConfig, mode: str, tasks: list[str], *, paired_block: int 
             p_ref: float = 1.0, p_main: float | None = None, budget_pct: float = DEFAULT_BUDGET_PCT,
             side_device: str = "cpu", bubble_profile: str | None = None,
             on_stage: Callable[[str], None] | None = None, on_progress=None, guard: bool = True,
-            store: str | None = None) -> Comparison:
+            store: str | None = None, resume_leftovers: bool = False) -> Comparison:
     """Train ``cfg`` alone (unless ``baseline_report`` is given or ``baseline`` is False), then
     with side ``tasks`` in ``mode``, harvesting switched on and off in randomized blocks of
     ``paired_block`` iterations (0: not paired, against the baseline run only). ``guard``: the
-    manager's budget guard holds the overhead to ``budget_pct`` (off: the budget is only judged)."""
+    manager's budget guard holds the overhead to ``budget_pct`` (off: the budget is only judged).
+    ``resume_leftovers``: also run other runs' unfinished tasks (:mod:`flowride.harvest.rerun`)."""
     check_comparison(cfg, mode, tasks, paired_block, budget_pct, p_ref, p_main)
     run_dir = Path(cfg.run_dir)
     say = on_stage or (lambda _s: None)
@@ -335,7 +405,21 @@ def compare(cfg: TrainConfig, mode: str, tasks: list[str], *, paired_block: int 
         + (f", on/off in blocks of {paired_block} iterations" if paired_block else ""))
     res, record = run_harvest(replace(cfg, paired_block=paired_block), mode, tasks, profiles, on_progress,
                               bubble_profile=bubble_profile, side_device=side_device, budget_pct=budget_pct if guard else None,
-                              store=store)
+                              store=store, resume_leftovers=resume_leftovers)
     rep = res.report()
+    # a task that ran without a profile (submitted while running, or a leftover resumed) is
+    # profiled now, after the last iteration, so its work can be weighed
+    ran = {st["name"] for st in record.get("steps", [])}
+    unprofiled = sorted(n for n in ran - set(profiles) if not isinstance(_resolve_or_none(n), ImperativeSpec | None))
+    if unprofiled:
+        say(f"profiling {', '.join(unprofiled)} alone (it ran without a profile)")
+        profiles = {**profiles, **profiles_for(unprofiled, run_dir / "task-profiles.json")}
     rep.update(harvest_report(base_rep, rep, record, mode, profiles, p_ref, p_main, budget_pct, paired_block or None))
     return Comparison(base_rep, res, record, rep)
+
+
+def _resolve_or_none(name: str):
+    try:
+        return resolve(name)
+    except InputError:  # a task whose code is gone cannot be profiled
+        return None

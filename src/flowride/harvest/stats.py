@@ -37,6 +37,32 @@ def pairs(times: Sequence[float], harvest: Sequence[bool | None], block: int) ->
     return out
 
 
+def aa_pairs(times: Sequence[float], harvest: Sequence[bool | None], block: int) -> list[tuple[list[float], list[float]]]:
+    """(first block, second block) of each A/A pair: a chunk of ``2 * block`` iterations that ran
+    training alone in both blocks (:func:`flowride.pipeline.config.onoff_blocks` plans them)."""
+    out = []
+    for k in range(0, len(times) - 2 * block + 1, 2 * block):
+        if all(f is False for f in harvest[k : k + 2 * block]):
+            out.append((list(times[k : k + block]), list(times[k + block : k + 2 * block])))
+    return out
+
+
+def noise_floor(times: Sequence[float], harvest: Sequence[bool | None], block: int,
+                resamples: int = 10_000, seed: int = 0) -> dict | None:
+    """What the paired measurement reads when nothing differs: the A/A pairs' "overhead" in
+    percent (median, bootstrap 95% interval, spread), or None when the run has none."""
+    ps = aa_pairs(times, harvest, block)
+    if not ps:
+        return None
+    per = np.array([np.mean(a) / np.mean(b) - 1.0 for a, b in ps]) * 100.0
+    out: dict = {"pairs": len(ps), "median_pct": float(np.median(per)), "per_pair_pct": [float(x) for x in per],
+                 "sd_pct": float(np.std(per, ddof=1)) if len(per) > 1 else None, "ci95_pct": None}
+    if len(per) > 1:
+        rng = np.random.default_rng(seed)
+        out["ci95_pct"] = list(_percentile_ci(np.median(per[rng.integers(0, len(per), size=(resamples, len(per)))], axis=1)))
+    return out
+
+
 def _percentile_ci(samples: np.ndarray, level: float = 0.95) -> tuple[float, float]:
     lo, hi = np.percentile(samples, [(1 - level) / 2 * 100, (1 + level) / 2 * 100])
     return float(lo), float(hi)
@@ -69,4 +95,6 @@ def paired_overhead(times: Sequence[float], harvest: Sequence[bool | None], bloc
         "per_pair_pct": [float(x) for x in per],
         "unpaired_pct": float((np.median(on_all) / np.median(off_all) - 1.0) * 100.0),
         "unpaired_ci95_pct": list(_percentile_ci((b_on / b_off - 1.0) * 100.0)),
+        "sd_pct": float(np.std(per, ddof=1)),
+        "noise_floor": noise_floor(times, harvest, block, resamples, seed),
     }

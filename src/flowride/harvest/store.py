@@ -2,8 +2,10 @@
 
 Tasks, their states, progress counters and checkpoints live here, so `flowride tasks ...` can
 read and write while training runs (WAL lets readers and one writer work at once), and a manager
-killed with -9 loses nothing: on restart, every unfinished task is taken up again from its last
-checkpoint.
+killed with -9 loses nothing: on restart, every unfinished task of its run is taken up again from
+its last checkpoint. Each task keeps where it came from (``origin``: submitted by this run, resumed
+from an earlier one, ...; :mod:`flowride.harvest.rerun`); a file written before that column existed
+gains it when opened.
 
 Each host has its own file, ``RUN_DIR/<host>/tasks.sqlite`` (:func:`flowride.harvest.hostfs.store_path`),
 so hosts sharing a run directory never share a database. On a network filesystem the WAL's
@@ -17,6 +19,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Collection
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +46,8 @@ CREATE TABLE IF NOT EXISTS tasks (
     restarts INTEGER NOT NULL DEFAULT 0,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL,
-    updated REAL NOT NULL
+    updated REAL NOT NULL,
+    origin TEXT
 );
 CREATE TABLE IF NOT EXISTS checkpoints (
     task_id INTEGER PRIMARY KEY REFERENCES tasks(id),
@@ -53,7 +58,10 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 );
 """
 TASK_COLUMNS = frozenset({"id", "name", "params", "priority", "memory_limit_mb", "state", "reason", "stage", "steps",
-                          "units", "busy_s", "overruns", "restarts", "cancel_requested", "created", "updated"})
+                          "units", "busy_s", "overruns", "restarts", "cancel_requested", "created", "updated", "origin"})
+# where a task came from, for this run (harvest/rerun.py): "submitted by this run", "resumed ..."
+ORIGIN_COLUMN = "origin"
+RERUN = "resumed by a re-run of this run_dir"  # the reason a task a re-run takes up goes back to SUBMITTED with
 
 
 @dataclass
@@ -75,6 +83,7 @@ class TaskRecord:
     created: float
     updated: float
     host: str | None = None  # the cluster queue: the host that holds (or last held) the task's lease
+    origin: str | None = None  # where it came from, as the last run that took it says (harvest/rerun.py)
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -132,6 +141,9 @@ class TaskStore:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
             have = {r[1] for r in self.db.execute("PRAGMA table_info(tasks)")}
+            if TASK_COLUMNS - have == {ORIGIN_COLUMN}:  # a store written before tasks kept their origin
+                self.db.execute("ALTER TABLE tasks ADD COLUMN origin TEXT")
+                have.add(ORIGIN_COLUMN)
         except (sqlite3.DatabaseError, OSError) as e:
             if getattr(self, "db", None) is not None:
                 self.db.close()
@@ -153,13 +165,36 @@ class TaskStore:
         self.db.close()
 
     # ------------------------------------------------------------------ writes
-    def submit(self, name: str, params: dict | None = None, priority: int = 0, memory_limit_mb: int | None = None) -> int:
+    def submit(self, name: str, params: dict | None = None, priority: int = 0, memory_limit_mb: int | None = None,
+               origin: str | None = None) -> int:
         now = time.time()
         cur = self.db.execute(
-            "INSERT INTO tasks (name, params, priority, memory_limit_mb, state, created, updated) VALUES (?,?,?,?,?,?,?)",
-            (name, json.dumps(params or {}), int(priority), memory_limit_mb, TaskState.SUBMITTED.value, now, now),
+            "INSERT INTO tasks (name, params, priority, memory_limit_mb, state, created, updated, origin) VALUES (?,?,?,?,?,?,?,?)",
+            (name, json.dumps(params or {}), int(priority), memory_limit_mb, TaskState.SUBMITTED.value, now, now, origin),
         )
         return int(cur.lastrowid)
+
+    @contextmanager
+    def run_lock(self):
+        """One writer while a run picks its tasks (harvest/rerun.py: prepare_run)."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def resume_for_run(self, task_id: int, origin: str) -> None:
+        """A re-run takes up an unfinished task: a live one goes back to SUBMITTED, labelled as a
+        re-run (not as a manager restart: no restart is counted), to resume from its checkpoint."""
+        state = self.get(task_id).state
+        why = {TaskState.SUBMITTED: None, TaskState.PAUSED: RERUN}.get(state, f"{RERUN} (the previous job's manager had died)")
+        self.db.execute("UPDATE tasks SET state=?, reason=COALESCE(?, reason), origin=?, updated=? WHERE id=?",
+                        (TaskState.SUBMITTED.value, why, origin, time.time(), task_id))
+
+    def set_origin(self, task_id: int, origin: str) -> None:
+        self.db.execute("UPDATE tasks SET origin=? WHERE id=?", (origin, task_id))
 
     def transition(self, task_id: int, new: TaskState | str, reason: str | None = None) -> TaskState:
         """Move a task to ``new`` if its life cycle allows it (IllegalTransition otherwise)."""
@@ -202,12 +237,15 @@ class TaskStore:
             self.transition(task_id, TaskState.STOPPED, "cancelled before it started")
         return self.get(task_id)
 
-    def recover(self) -> list[int]:
+    def recover(self, only: Collection[int] | None = None, since: float | None = None) -> list[int]:
         """After a manager crash: tasks that were live go back to SUBMITTED (their processes died
-        with the manager) and will resume from their last checkpoint. Returns their ids."""
+        with the manager) and will resume from their last checkpoint. Returns their ids. ``only``:
+        just these tasks, and those created from ``since`` on (a run's own: harvest/rerun.py);
+        the unfinished tasks of other runs stay as they are."""
         live = (TaskState.CREATED.value, TaskState.PAUSED.value, TaskState.RUNNING.value)
-        rows = self.db.execute(f"SELECT id FROM tasks WHERE state IN ({','.join('?' * len(live))})", live).fetchall()
-        ids = [int(r["id"]) for r in rows]
+        rows = self.db.execute(f"SELECT id, created FROM tasks WHERE state IN ({','.join('?' * len(live))})", live).fetchall()
+        ids = [int(r["id"]) for r in rows if only is None or int(r["id"]) in only
+               or (since is not None and float(r["created"]) >= since)]
         for i in ids:
             self.db.execute(
                 "UPDATE tasks SET state=?, restarts=restarts+1, reason=?, updated=? WHERE id=?",

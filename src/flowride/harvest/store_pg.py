@@ -19,6 +19,11 @@ a new lease resets them to the checkpoint's.
 Expiry is judged by the database server's clock (``clock_timestamp()``), so the hosts' clocks
 need not agree. A manager that cannot renew its leases for 0.8 x ``lease_s`` (the database is
 unreachable) gives its tasks up before anyone else can take them (:meth:`PgTaskStore.lost`).
+
+**Re-runs.** The queue's tasks are the cluster's work and outlive jobs: a run submits only the
+tasks it names that have no unfinished twin (same name and parameters) in the queue, and every
+task left in the queue is leased by whichever manager polls (``--resume-leftovers`` is implied;
+:mod:`flowride.harvest.rerun`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import json
 import os
 import threading
 import time
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -39,6 +45,7 @@ from flowride.harvest.store import TASK_COLUMNS, TaskRecord, record_from
 DEFAULT_LEASE_S = 10.0
 LIVE = ["SUBMITTED", "CREATED", "PAUSED", "RUNNING"]
 SCHEMA_LOCK = 0x666C6F77  # pg_advisory_xact_lock key: managers starting together create the tables once
+SUBMIT_LOCK = 0x666C6F78  # ... and runs starting together look for their tasks' twins one at a time
 CONNECT_FIX = ("check that the server runs and the URL (postgresql://USER@HOST[:PORT]/DB); keep a password in "
                "~/.pgpass or PGPASSWORD, not in the URL")
 
@@ -63,7 +70,8 @@ CREATE TABLE IF NOT EXISTS flowride_tasks (
     host TEXT,
     owner TEXT,
     lease_epoch BIGINT NOT NULL DEFAULT 0,
-    lease_expires TIMESTAMPTZ
+    lease_expires TIMESTAMPTZ,
+    origin TEXT
 );
 CREATE INDEX IF NOT EXISTS flowride_tasks_queue ON flowride_tasks (priority DESC, id) WHERE state IN ('SUBMITTED', 'CREATED', 'PAUSED', 'RUNNING');
 CREATE TABLE IF NOT EXISTS flowride_checkpoints (
@@ -167,9 +175,12 @@ class PgTaskStore:
             with self.db.transaction():
                 self.db.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
                 self.db.execute(SCHEMA)
-            have = {r["column_name"] for r in self.db.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = 'flowride_tasks' "
-                "AND table_schema = current_schema()")}
+                have = {r["column_name"] for r in self.db.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = 'flowride_tasks' "
+                    "AND table_schema = current_schema()")}
+                if QUEUE_COLUMNS - have == {"origin"}:  # a queue made before tasks kept their origin
+                    self.db.execute("ALTER TABLE flowride_tasks ADD COLUMN IF NOT EXISTS origin TEXT")
+                    have.add("origin")
         except psycopg.Error as e:
             self.db.close()
             raise InputError("--store", f"{redact(self.url)} cannot hold the task queue ({str(e).strip()})",
@@ -201,14 +212,30 @@ class PgTaskStore:
         self.db.close()
 
     # ------------------------------------------------------------------ writes
-    def submit(self, name: str, params: dict | None = None, priority: int = 0, memory_limit_mb: int | None = None) -> int:
+    def submit(self, name: str, params: dict | None = None, priority: int = 0, memory_limit_mb: int | None = None,
+               origin: str | None = None) -> int:
         now = time.time()
         row = self.db.execute(
-            "INSERT INTO flowride_tasks (name, params, priority, memory_limit_mb, state, created, updated) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
-            (name, json.dumps(params or {}), int(priority), memory_limit_mb, TaskState.SUBMITTED.value, now, now),
+            "INSERT INTO flowride_tasks (name, params, priority, memory_limit_mb, state, created, updated, origin) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (name, json.dumps(params or {}), int(priority), memory_limit_mb, TaskState.SUBMITTED.value, now, now, origin),
         ).fetchone()
         return int(row["id"])
+
+    @contextmanager
+    def run_lock(self):
+        """Runs that start together look for their tasks' twins one at a time (harvest/rerun.py)."""
+        with self.db.transaction():
+            self.db.execute("SELECT pg_advisory_xact_lock(%s)", (SUBMIT_LOCK,))
+            yield
+
+    def resume_for_run(self, task_id: int, origin: str) -> None:
+        """A run names a task the queue already holds unfinished: it is not submitted again. Only
+        its origin changes: whichever host leases it runs it (it may be running on one now)."""
+        self.set_origin(task_id, origin)
+
+    def set_origin(self, task_id: int, origin: str) -> None:
+        self.db.execute("UPDATE flowride_tasks SET origin = %s WHERE id = %s", (origin, task_id))
 
     def _fence(self, task_id: int) -> tuple[str, tuple]:
         """The condition under which this manager may write a task: the lease it was given is
@@ -308,10 +335,11 @@ class PgTaskStore:
                 (stop_now, stop_now, time.time(), task_id))
         return self.get(task_id)
 
-    def recover(self) -> list[int]:
+    def recover(self, only: Any = None, since: float | None = None) -> list[int]:
         """After a manager crash on this host: the leases its dead predecessor held are handed
         back at once (not after they lapse); the next :meth:`lease` resumes them from their last
-        checkpoint. Returns their ids."""
+        checkpoint. Returns their ids. (``only``, ``since``: a SQLite store's run filter; the
+        queue's tasks are the cluster's, which any manager leases.)"""
         rows = self.db.execute(
             "SELECT id, owner FROM flowride_tasks WHERE host = %s AND owner IS NOT NULL AND owner <> %s AND state = ANY(%s)",
             (self.host, self.owner, LIVE)).fetchall()

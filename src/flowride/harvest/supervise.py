@@ -94,6 +94,7 @@ class ManagerProcess:
         self.restarts = 0
         self.gave_up: str | None = None
         self.history: list[dict] = []
+        self.steps_offset: int | None = None  # where this run's steps begin in steps.jsonl (set at the first start)
         self._stopping = threading.Event()
         self._watcher: threading.Thread | None = None
 
@@ -111,6 +112,9 @@ class ManagerProcess:
         ready.unlink(missing_ok=True)
         write_options(self.run_dir, self.opts)
         write_profiles(self.run_dir, self.profiles)
+        if self.steps_offset is None:  # steps of earlier runs in this run directory are not this run's
+            steps = self.run_dir / "steps.jsonl"
+            self.steps_offset = steps.stat().st_size if steps.exists() else 0
         env = dict(os.environ)
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
         with open(self.run_dir / "manager.log", "a") as log:
@@ -155,10 +159,10 @@ class ManagerProcess:
                 self.proc.wait()
         f = self.run_dir / "harvest.json"
         record = json.loads(f.read_text()) if f.exists() else {"steps": [], "failures": [], "tasks": []}
-        if not f.exists() or (self.proc is not None and self.proc.returncode not in (0, None)):
-            from flowride.harvest.manager import read_steps
+        from flowride.harvest.manager import read_steps
 
-            record["steps"] = read_steps(self.run_dir)  # a dead manager wrote no record: keep its steps
+        # this run's steps (a dead manager wrote no record: its steps are kept all the same)
+        record["steps"] = read_steps(self.run_dir, self.steps_offset or 0)
         record["manager_restarts"] = self.restarts
         record["harvest_stopped"] = self.gave_up
         record["manager_history"] = self.history
@@ -237,7 +241,7 @@ def manager_status(run_dir: str | Path, store: str | None = None) -> dict:
         ts = open_store(store, d, host)
         try:
             out["tasks"] = [{"id": t.id, "name": t.name, "state": str(t.state), "steps": t.steps, "units": t.units,
-                             "restarts": t.restarts, **({"host": t.host} if ts.is_queue else {})} for t in ts.list()]
+                             "restarts": t.restarts, "origin": t.origin, **({"host": t.host} if ts.is_queue else {})} for t in ts.list()]
         finally:
             ts.close()
     return out

@@ -44,7 +44,7 @@ from flowride.errors import InputError
 from flowride.files import write_json_atomic
 from flowride.harvest import attach_setup as setup
 from flowride.harvest.manager_files import PROFILES_FILE, ManagerOptions, read_profiles
-from flowride.harvest.session import HARVEST_MODES, job_params
+from flowride.harvest.session import HARVEST_MODES, job_params, no_work_cause
 from flowride.harvest.supervise import ManagerProcess, ManagerUnavailable
 from flowride.pipeline import torch_compat as tc
 from flowride.pipeline.events import BubblePublisher
@@ -139,16 +139,19 @@ class Harvest:
         """Check now, and then every :data:`TASKS_POLL_S` from a thread, whether this host's store
         holds an unfinished task; announcements follow (a task submitted while training runs, with
         ``flowride tasks submit``, gets its bubbles within a second)."""
+        from flowride.harvest.manager_files import read_options
+        from flowride.harvest.rerun import runs
         from flowride.harvest.store import TaskStore
 
         try:
+            opts = read_options(self.run_dir)  # the run's tasks: other jobs' leftovers do not run
             store = TaskStore.in_run_dir(self.run_dir)
         except (InputError, OSError):
             return  # announce, as without the check
 
         def has_work() -> bool:
             try:
-                return any(not t.cancel_requested for t in store.unfinished())
+                return any(not t.cancel_requested and runs(t, opts) for t in store.unfinished())
             except Exception:  # a store being written: announce, as without the check
                 return True
 
@@ -264,7 +267,8 @@ class Harvest:
         ids = set((self.tasks or {}).get("ids") or [])
         tasks = [t for t in record.get("tasks") or [] if t.get("id") in ids]
         if not tasks:
-            return "no side task to run: side_tasks was empty and the run directory held no unfinished task"
+            return ("no side task to run: side_tasks was empty and no unfinished task was resumed (resume_leftovers=True "
+                    "runs those earlier jobs left in the run directory)")
         failed = [t for t in tasks if t.get("state") == "FAILED"]
         if len(failed) == len(tasks):
             return "every side task failed: " + "; ".join(f"{t['name']}: {t.get('reason')}" for t in failed)
@@ -282,6 +286,8 @@ class Harvest:
         if (self.tasks or {}).get("ready") is False:
             return (f"the side tasks were not ready when the bubbles came (still setting up after ready_timeout_s: "
                     f"{', '.join(self.tasks.get('not_ready', []))})")
+        if (record.get("bubbles") or {}).get("unused_by_reason"):  # the manager counted why each bubble went unused
+            return no_work_cause(record["bubbles"], 0)
         own = [float(s["t1"]) - float(s["t0"]) for s in record.get("steps") or [] if "t1" in s and "t0" in s]
         best = max((w.predicted_s for w in announced), default=0.0)
         need = f", a side-task step needs about {statistics.median(own) * 1.2e3:.1f} ms (median step x 1.2)" if own else ""
@@ -319,17 +325,20 @@ def _probing(names: Sequence[str], ids: Sequence[int], profiles: dict, side_devi
 
 
 def _start_manager(run_dir: Path, side_tasks: Sequence[str], mode: str, side_device: str, stages: int,
-                   profiles: dict[str, dict] | None, ready_timeout_s: float) -> tuple[ManagerProcess, int, dict]:
-    """Start this host's manager with the side tasks (or the run directory's unfinished ones) and
-    wait, at most ``ready_timeout_s``, until they are set up, so the first bubbles can be used."""
+                   profiles: dict[str, dict] | None, ready_timeout_s: float,
+                   resume_leftovers: bool = False) -> tuple[ManagerProcess, int, dict]:
+    """Start this host's manager with the side tasks (each resuming its unfinished twin in the run
+    directory: :mod:`flowride.harvest.rerun`) and wait, at most ``ready_timeout_s``, until they
+    are set up, so the first bubbles can be used."""
     setup.wait_stopped(_STOPPING.get(str(run_dir.resolve())))
     setup.refuse_live_manager(run_dir)
     if profiles is None and (run_dir / PROFILES_FILE).exists():
         profiles = read_profiles(run_dir)
     profiles = profiles or {}
-    tasks = setup.prepare_store(run_dir, side_tasks, {n: job_params(n, side_device) for n in side_tasks})
+    tasks = setup.prepare_store(run_dir, side_tasks, {n: job_params(n, side_device) for n in side_tasks}, resume_leftovers)
     offset = setup.steps_offset(run_dir)
-    manager = setup.ManagerWithPath(run_dir, ManagerOptions(stages=stages, mode=mode, device=side_device), profiles,
+    manager = setup.ManagerWithPath(run_dir, ManagerOptions(stages=stages, mode=mode, device=side_device, run_tasks=tasks["ids"],
+                                                            run_since=tasks["since"]), profiles,
                                     extra_path=setup.manager_import_path())
     port = manager.start()
     manager.watch()
@@ -352,7 +361,7 @@ def _start_manager(run_dir: Path, side_tasks: Sequence[str], mode: str, side_dev
 def _connect(stage: int, stages: int, run_dir: str | Path, side_tasks: Sequence[str], mode: str, *, min_bubble_s: float,
              device: str, side_device: str | None, start_manager: bool | None, profiles: dict[str, dict] | None,
              saved_lengths: dict[str, float] | None, timeout_s: float, ready_timeout_s: float, what: str,
-             problem: InputError | None) -> Harvest:
+             problem: InputError | None, resume_leftovers: bool = False) -> Harvest:
     """:func:`connect`'s work, with a ``problem`` the caller (attach) already found on this rank:
     every rank learns of any rank's problem and raises it."""
     import torch.distributed as dist
@@ -388,7 +397,8 @@ def _connect(stage: int, stages: int, run_dir: str | Path, side_tasks: Sequence[
     failure: Exception | None = None
     if owner:
         try:
-            manager, port, tasks = _start_manager(run_path, side_tasks, mode, side_device, stages, profiles, ready_timeout_s)
+            manager, port, tasks = _start_manager(run_path, side_tasks, mode, side_device, stages, profiles, ready_timeout_s,
+                                                  resume_leftovers)
         except Exception as e:  # every rank must hear of it, or the others wait for this one in vain
             failure = e
     try:
@@ -417,7 +427,7 @@ def connect(stage: int, stages: int, run_dir: str | Path = "runs/harvest", side_
             mode: str = "freeride", *, min_bubble_s: float = 0.002, device: str = "cpu",
             side_device: str | None = None, start_manager: bool | None = None,
             profiles: dict[str, dict] | None = None, saved_lengths: dict[str, float] | None = None,
-            timeout_s: float = 120.0, ready_timeout_s: float = 30.0) -> Harvest:
+            timeout_s: float = 120.0, ready_timeout_s: float = 30.0, resume_leftovers: bool = False) -> Harvest:
     """A :class:`Harvest` whose ``reporter`` is pipeline rank ``stage``'s (of ``stages``)
     :class:`BubbleReporter`, connected to its host's side-task manager, which the rank that
     starts it (default: local rank 0) also holds.
@@ -429,10 +439,13 @@ def connect(stage: int, stages: int, run_dir: str | Path = "runs/harvest", side_
     rank's training device type ("cpu" or "cuda"); side tasks compute on ``side_device``
     (default: ``device`` of the rank that starts the manager). The side tasks are set up before
     it returns (at most ``ready_timeout_s``; 0: do not wait), so the first bubbles can be used.
+    A re-run into ``run_dir`` resumes the tasks it names (same name and parameters) and leaves
+    other jobs' unfinished tasks alone unless ``resume_leftovers`` (:mod:`flowride.harvest.rerun`).
     """
     return _connect(stage, stages, run_dir, side_tasks, mode, min_bubble_s=min_bubble_s, device=device,
                     side_device=side_device, start_manager=start_manager, profiles=profiles, saved_lengths=saved_lengths,
-                    timeout_s=timeout_s, ready_timeout_s=ready_timeout_s, what="connect", problem=None)
+                    timeout_s=timeout_s, ready_timeout_s=ready_timeout_s, what="connect", problem=None,
+                    resume_leftovers=resume_leftovers)
 
 
 def _saved_lengths(run_dir: str | Path, rank: int, schedule: Any) -> dict[str, float]:
@@ -449,7 +462,8 @@ def _saved_lengths(run_dir: str | Path, rank: int, schedule: Any) -> dict[str, f
 def attach(schedule: Any, run_dir: str | Path = "runs/harvest", side_tasks: Sequence[str] = (),
            mode: str = "freeride", *, min_bubble_s: float = 0.002, device: str | None = None,
            start_manager: bool | None = None, profiles: dict[str, dict] | None = None,
-           reuse_profile: bool = True, timeout_s: float = 120.0, ready_timeout_s: float = 30.0) -> Harvest:
+           reuse_profile: bool = True, timeout_s: float = 120.0, ready_timeout_s: float = 30.0,
+           resume_leftovers: bool = False) -> Harvest:
     """Harvest ``schedule``'s bubbles on this rank; returns a :class:`Harvest` (a context manager).
 
     ``schedule``: a torch.distributed.pipelining schedule instance (Schedule1F1B(stage, ...),
@@ -458,7 +472,9 @@ def attach(schedule: Any, run_dir: str | Path = "runs/harvest", side_tasks: Sequ
     found on one rank is raised on all. A schedule can be attached once at a time.
     ``side_tasks``: registered task names or ``module:Class`` (the manager imports it with this
     script's ``sys.path``), submitted once by the rank that starts the manager (the store in
-    ``run_dir`` is durable: a re-run resumes unfinished tasks instead, labelled as a re-run).
+    ``run_dir`` is durable: a re-run resumes the unfinished task of the same name and parameters
+    instead, labelled as a re-run; other jobs' unfinished tasks are left alone unless
+    ``resume_leftovers``: :mod:`flowride.harvest.rerun`).
     They are set up before ``attach`` returns (at most ``ready_timeout_s``), so a short job's
     first bubbles find them ready. ``mode``: freeride (only in bubbles), naive or priority
     (continuous baselines). ``device``: where side tasks compute (default: cuda if this rank
@@ -489,7 +505,7 @@ def attach(schedule: Any, run_dir: str | Path = "runs/harvest", side_tasks: Sequ
             world = dist.get_world_size()
     h = _connect(rank, world, run_dir, side_tasks, mode, min_bubble_s=min_bubble_s, device=dev_type, side_device=device,
                  start_manager=start_manager, profiles=profiles, saved_lengths=saved, timeout_s=timeout_s,
-                 ready_timeout_s=ready_timeout_s, what="attach", problem=problem)
+                 ready_timeout_s=ready_timeout_s, what="attach", problem=problem, resume_leftovers=resume_leftovers)
     try:
         h.observer = observe(schedule, h.reporter, steady=True)
         h.signature = _signature(schedule)

@@ -51,6 +51,8 @@ class TrainConfig:
     min_bubble_s: float = 0.002  # waits predicted shorter than this are not announced
     paired_block: int = 0  # > 0: harvesting alternates on/off in randomized blocks of this many iterations
     paired_seed: int = 0
+    # one pair in this many runs training alone in both blocks (an A/A pair: the noise floor); 0: none
+    paired_aa_every: int = 5
 
     def __post_init__(self) -> None:
         if self.engine == "auto":
@@ -76,10 +78,15 @@ class TrainConfig:
             raise InputError("--lr", f"{self.lr} is not a positive number", "give a learning rate above zero")
         if not (isinstance(self.min_bubble_s, (int, float)) and math.isfinite(self.min_bubble_s) and self.min_bubble_s >= 0):
             raise InputError("--min-bubble", f"{self.min_bubble_s!r} is not a length in seconds", "give 0 or more, e.g. 0.002")
+        if not isinstance(self.paired_aa_every, int) or self.paired_aa_every < 0 or self.paired_aa_every == 1:
+            raise InputError("--paired-aa-every", f"{self.paired_aa_every!r} is not a pair count",
+                             "give 0 (no A/A pairs) or 2 or more (one A/A pair in that many)")
         if not isinstance(self.paired_block, int) or self.paired_block < 0:
             raise InputError("--paired-block", f"{self.paired_block!r} is not a block length", "give 0 (off) or a positive number of iterations")
-        if self.paired_block and self.iters < self.warmup_iters + 4 * self.paired_block:
-            need = self.warmup_iters + 4 * self.paired_block
+        aa = self.paired_aa_every
+        n_pairs = 3 if aa == 2 else 2  # pairs that hold 2 harvest-vs-alone pairs besides the A/A ones
+        if self.paired_block and self.iters < self.warmup_iters + 2 * n_pairs * self.paired_block:
+            need = self.warmup_iters + 2 * n_pairs * self.paired_block
             raise InputError("--iters", f"{self.iters} iterations hold fewer than 2 pairs of on/off blocks of {self.paired_block} "
                              f"after {self.warmup_iters} warm-up iterations", f"give --iters {need} or more, or --paired-block 0")
         if self.engine not in ENGINES:
@@ -104,16 +111,23 @@ def onoff_blocks(cfg: TrainConfig) -> list[bool] | None:
     Warm-up iterations are on (the bubble lengths are being learned; they are left out of every
     statistic). The rest is cut into blocks of ``paired_block`` iterations, taken in pairs; each
     pair runs its on block and its off block in an order drawn from ``paired_seed``, so slow drift
-    of the machine cannot line up with either arm. Iterations that do not fill a pair stay on.
-    Every rank computes the same list from the config, so no rank has to tell another.
+    of the machine cannot line up with either arm. One pair in ``paired_aa_every`` is off in both
+    blocks (A/A): what the measurement reads when nothing differs, the noise floor of the others.
+    Iterations that do not fill a pair stay on. Every rank computes the same list from the config,
+    so no rank has to tell another.
     """
     if not cfg.paired_block:
         return None
     rng = random.Random(cfg.paired_seed)
     out = [True] * min(cfg.warmup_iters, cfg.iters)
     pair = 2 * cfg.paired_block
+    k = 0
     while len(out) + pair <= cfg.iters:
         first = rng.random() < 0.5
-        out += [first] * cfg.paired_block + [not first] * cfg.paired_block
+        if cfg.paired_aa_every and k % cfg.paired_aa_every == cfg.paired_aa_every - 1:
+            out += [False] * pair
+        else:
+            out += [first] * cfg.paired_block + [not first] * cfg.paired_block
+        k += 1
     out += [True] * (cfg.iters - len(out))
     return out

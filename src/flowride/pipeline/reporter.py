@@ -56,27 +56,107 @@ class Wait:
         return max(0.0, self.end - self.start)
 
 
+def _median(xs: Iterable[float]) -> float:
+    """The median of a short window (statistics.median's checks cost more than the sort here)."""
+    s = sorted(xs)
+    n = len(s)
+    h = n // 2
+    return s[h] if n % 2 else (s[h - 1] + s[h]) / 2.0
+
+
 class GapPredictor:
-    """Predicts each key's next length: the median of its last ``window`` lengths."""
+    """Predicts each key's next length, following the pipeline's pace.
 
-    def __init__(self, window: int = 5) -> None:
+    On a busy node the whole pipeline runs faster or slower from one iteration to the next
+    (+-20% seen on a shared host), so one learned length per wait loses track. Each wait's
+    length is therefore kept *normalized* by the pace it ran at, and a prediction is the
+    normalized median times the current pace. The pace is read off the iteration itself: a wait
+    that usually starts ``o_k`` seconds into the iteration and starts ``o`` seconds in now says
+    the iteration runs at ``o / o_k``. Early in an iteration there is little to read, so the
+    estimate leans on the typical pace (1) by a weight of ``lean`` x the typical iteration:
+    ``pace = (o + tau) / (o_k + tau)``. Medians (of the last ``window``) keep one disturbed
+    iteration from moving anything.
+    """
+
+    def __init__(self, window: int = 5, lean: float = 0.1) -> None:
         self.window = window
-        self.seen: dict[str, deque[float]] = {}
+        self.lean = lean
+        self.seen: dict[str, deque[float]] = {}  # key -> normalized lengths (seconds at the typical pace)
+        self.offsets: dict[str, deque[float]] = {}  # key -> where in the iteration it started (seconds)
+        self.iter_lengths: deque[float] = deque(maxlen=window)
+        # key -> (length median, offset median + tau): read once per key and iteration, since the
+        # observer's cost is paid on the training step (cleared when an iteration begins)
+        self._med: dict[str, tuple[float, float | None]] = {}
+        self.tau = 0.0
 
-    def predict(self, key: str) -> float | None:
-        hist = self.seen.get(key)
-        return statistics.median(hist) if hist else None
+    def _medians(self, key: str) -> tuple[float, float | None] | None:
+        m = self._med.get(key)
+        if m is None:
+            hist = self.seen.get(key)
+            if not hist:
+                return None
+            offs = self.offsets.get(key)
+            m = self._med[key] = (_median(hist), _median(offs) + self.tau if offs else None)
+        return m
 
-    def observe(self, key: str, seconds: float) -> None:
+    def pace(self, key: str, offset: float | None) -> float:
+        """The current pace (1: the typical one) for a wait of ``key`` starting ``offset``
+        seconds into the iteration."""
+        if offset is None:
+            return 1.0
+        m = self._med.get(key) or self._medians(key)
+        if m is None or m[1] is None or m[1] <= 0:
+            return 1.0
+        return (offset + self.tau) / m[1]
+
+    def coefficients(self, key: str) -> tuple[float, float] | None:
+        """``(a, b)`` with ``predicted = a * offset + b`` for a wait of ``key`` starting ``offset``
+        seconds into the iteration (None: nothing learned). Decided once per iteration so that
+        a wrapper on the compute path pays one multiply-add (the torch observer)."""
+        m = self._med.get(key) or self._medians(key)
+        if m is None:
+            return None
+        length, den = m
+        if den is None or den <= 0:
+            return 0.0, length
+        return length / den, length * self.tau / den
+
+    def predict(self, key: str, offset: float | None = None) -> float | None:
+        m = self._med.get(key) or self._medians(key)
+        return None if m is None else m[0] * self.pace(key, offset)
+
+    def observe(self, key: str, seconds: float, offset: float | None = None, pace: float | None = None) -> None:
+        """A wait of ``key`` lasted ``seconds``, starting ``offset`` into its iteration at ``pace``
+        (as :meth:`pace` read it then; None: read it now)."""
+        if pace is None:
+            pace = self.pace(key, offset)
         hist = self.seen.get(key)
         if hist is None:  # not setdefault: it would build a deque on every wait (the observer's cost)
             hist = self.seen[key] = deque(maxlen=self.window)
-        hist.append(seconds)
+        hist.append(seconds / pace if pace > 0 else seconds)
+        if offset is not None:
+            offs = self.offsets.get(key)
+            if offs is None:
+                offs = self.offsets[key] = deque(maxlen=self.window)
+            offs.append(offset)
+        self._med.pop(key, None)
+
+    def new_iteration(self) -> None:
+        """What was observed so far counts from now on."""
+        self._med.clear()
+
+    def end_iteration(self, seconds: float) -> None:
+        """An iteration took ``seconds``: the typical one sets how far the pace leans on 1."""
+        if seconds > 0:
+            self.iter_lengths.append(seconds)
+            self.tau = self.lean * _median(self.iter_lengths)
+        self._med.clear()
 
     def seed(self, lengths: dict[str, float]) -> None:
         """Start from a saved profile (its lengths count as one observation each)."""
         for k, v in lengths.items():
-            self.observe(k, float(v))
+            self.observe(k, float(v), pace=1.0)
+        self._med.clear()
 
     def medians(self) -> dict[str, float]:
         return {k: statistics.median(v) for k, v in self.seen.items() if v}
@@ -106,6 +186,7 @@ class BubbleReporter:
         self.enabled = True
         self.iteration = -1
         self.iterations_seen = 0
+        self.iter_start: float | None = None  # when the current iteration began (wait offsets count from it)
         self.free_memory = 0
         self.waits: list[Wait] = []
         self._counts: dict[str, int] = {}
@@ -120,6 +201,11 @@ class BubbleReporter:
         out whether or not harvesting is on, since the guard needs the off iterations too."""
         now = self.clock()
         self.busy(now)
+        if self.iter_start is not None:
+            self.predictor.end_iteration(now - self.iter_start)
+        else:
+            self.predictor.new_iteration()
+        self.iter_start = now
         self.iteration = self.iteration + 1 if iteration is None else iteration
         self.iterations_seen += 1
         self._counts.clear()
@@ -149,7 +235,9 @@ class BubbleReporter:
         if self._open is not None:
             self.busy(now)
         key = self._key(label)
-        pred = (until - now) if until is not None else self.predictor.predict(key)
+        offset = None if self.iter_start is None else now - self.iter_start
+        pace = self.predictor.pace(key, offset)
+        pred = (until - now) if until is not None else self.predictor.predict(key, offset)
         announce = (
             self.enabled
             and pred is not None
@@ -158,18 +246,18 @@ class BubbleReporter:
         )
         if announce:
             self.pub.publish(BubbleEvent("bubble", self.stage, type, now, now + pred, self.free_memory, self.iteration))
-        self._open = (key, type, now, pred, announce)
+        self._open = (key, type, now, pred, announce, offset, pace)
 
     def busy(self, now: float | None = None) -> None:
         """The stage computes again (no-op when no wait is open)."""
         if self._open is None:
             return
         now = self.clock() if now is None else now
-        key, typ, start, pred, announced = self._open
+        key, typ, start, pred, announced, offset, pace = self._open
         self._open = None
         if announced:
             self.pub.publish(BubbleEvent("busy", self.stage, typ, now, None, self.free_memory, self.iteration))
-        self.predictor.observe(key, now - start)
+        self.predictor.observe(key, now - start, offset, pace)
         self.waits.append(Wait(self.iteration, key, typ, start, now, pred, announced))
 
     @contextmanager
@@ -182,27 +270,29 @@ class BubbleReporter:
             self.busy()
 
     # ------------------------------------------------------------------ batched waits (the torch observer's fast path)
-    def gap_plan(self, keys: Sequence[str]) -> tuple[list[float | None], list[bool]]:
-        """Each of this iteration's coming waits ``keys``: its predicted length, and whether
-        :meth:`idle` would announce it. Decided once when the iteration starts, so that a wrapper
-        on the compute path (:mod:`flowride.pipeline.torch_observe`) only looks it up. While
-        nothing can be announced (disabled, or still learning), nothing is predicted either."""
+    def gap_plan(self, keys: Sequence[str]) -> tuple[list[tuple[float, float] | None], list[bool]]:
+        """Each of this iteration's coming waits ``keys``: the coefficients ``(a, b)`` of its
+        predicted length ``a * offset + b`` (``offset``: seconds since :attr:`iter_start` when it
+        begins; :meth:`GapPredictor.coefficients`), and whether :meth:`idle` would announce it
+        (its typical length is long enough). Decided once when the iteration starts, so that a
+        wrapper on the compute path (:mod:`flowride.pipeline.torch_observe`) only does one
+        multiply-add. While nothing can be announced (disabled, or still learning), nothing is
+        predicted either."""
         n = len(keys)
         if not (self.enabled and self.iterations_seen > self.warmup_iters):
             return [None] * n, [False] * n
-        preds = [self.predictor.predict(k) for k in keys]
-        return preds, [p is not None and p >= self.min_bubble_s for p in preds]
+        coef, med, lo = self.predictor.coefficients, self.predictor._medians, self.min_bubble_s
+        coefs = [coef(k) for k in keys]
+        return coefs, [c is not None and med(k)[0] >= lo for k, c in zip(keys, coefs, strict=True)]
 
     def book(self, waits: Iterable[tuple[str, str, float, float, float | None, bool]]) -> None:
         """Waits measured (and announced) by the caller, as (key, type, start, end, predicted,
         announced), booked after the fact as :meth:`busy` books each one."""
-        it, seen, observe, append = self.iteration, self.predictor.seen, self.predictor.observe, self.waits.append
+        it, observe, append, t0 = self.iteration, self.predictor.observe, self.waits.append, self.iter_start
+        pace = self.predictor.pace
         for key, typ, start, end, pred, announced in waits:
-            hist = seen.get(key)
-            if hist is None:
-                observe(key, end - start)
-            else:
-                hist.append(end - start)
+            off = None if t0 is None else start - t0
+            observe(key, end - start, off, pace(key, off))
             append(Wait(it, key, typ, start, end, pred, announced))
 
     # ------------------------------------------------------------------ harvest blocks

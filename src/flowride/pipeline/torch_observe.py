@@ -72,7 +72,8 @@ class TorchObserver:
         self._acts: list[tuple[str, int, int, float, float]] = []
         self._starts: list[float] = []
         self._ends: list[float] = []
-        self._preds: list[float | None] = []  # each gap's predicted length, decided at step()
+        self._coefs: list[tuple[float, float] | None] = []  # each gap's prediction a * offset + b, decided at step()
+        self._preds: list[float | None] = []  # each announced gap's predicted length, as announced
         self._ann: list[bool] = []  # each gap announced or not, decided at step()
         self._open_ann = False  # the open gap was announced: its end is announced too
         self._in_step = False
@@ -129,13 +130,18 @@ class TorchObserver:
         """Gap ``gap`` starts now: send its bubble event if it was planned to be announced. A gap
         past the plan (or with no plan) is decided here, the slow way."""
         if gap >= len(self._ann):
-            preds, ann = self.reporter.gap_plan([self._key(gap)])
-            self._preds.append(preds[0])
+            coefs, ann = self.reporter.gap_plan([self._key(gap)])
+            self._coefs.append(coefs[0])
             self._ann.append(ann[0])
         if self._ann[gap]:
             rep = self.reporter
-            rep.pub.publish(BubbleEvent("bubble", rep.stage, self._type(gap), now, now + self._preds[gap],
-                                        rep.free_memory, rep.iteration))
+            a, b = self._coefs[gap]
+            pred = a * (now - rep.iter_start) + b  # the pace this iteration runs at, read off where it is
+            preds = self._preds
+            if len(preds) < gap:
+                preds.extend([None] * (gap - len(preds)))
+            preds.append(pred)
+            rep.pub.publish(BubbleEvent("bubble", rep.stage, self._type(gap), now, now + pred, rep.free_memory, rep.iteration))
             self._open_ann = True
 
     def _end_announced(self, gap: int, now: float) -> None:
@@ -165,11 +171,7 @@ class TorchObserver:
             kind = kind_of
             if kind is None:  # backward_one_chunk: full B, or the input-gradient half I
                 kind = "B" if kwargs.get("full_backward", args[2] if len(args) > 2 else True) else "I"
-            act = (kind, stage_index, mb)
-            exp = obs._expected
-            if exp is not None and (gap >= len(exp) or exp[gap] != act):
-                obs.plan_mismatches += 1
-            obs.observed.append(act)
+            obs.observed.append((kind, stage_index, mb))  # held against the plan once the step is done (_book)
             try:
                 return orig(*args, **kwargs)
             finally:
@@ -196,8 +198,8 @@ class TorchObserver:
             if obs.owns_iterations:
                 rep.begin_iteration()
             obs.observed, obs._acts, obs._ends = [], [], []
-            preds, ann = rep.gap_plan(obs._keys)
-            obs._preds, obs._ann = preds, ann
+            obs._coefs, obs._ann = rep.gap_plan(obs._keys)
+            obs._preds = []
             obs._open_ann = False
             t = clock()
             obs._starts = [t]
@@ -218,15 +220,20 @@ class TorchObserver:
         return step
 
     def _book(self) -> None:
-        """Hand this iteration's gaps to the reporter (lengths learned, waits recorded)."""
+        """Hand this iteration's gaps to the reporter (lengths learned, waits recorded), and
+        count the actions that differ from the plan (one list comparison, off the per-call path)."""
+        exp, seen = self._expected, self.observed
+        if exp is not None and seen != exp:
+            self.plan_mismatches += sum(1 for g, act in enumerate(seen) if g >= len(exp) or exp[g] != act)
         n = len(self._ends)
-        if n == len(self._types) == len(self._preds) and (self.plan is None or len(self.observed) == len(self.plan.actions)):
+        while len(self._preds) < n:  # gaps not announced (or past the plan): nothing predicted
+            self._preds.append(None)
+        while len(self._ann) < n:
+            self._ann.append(False)
+        if n == len(self._types) and (self.plan is None or len(self.observed) == len(self.plan.actions)):
             # the usual iteration, as planned: every gap's key and type are the precomputed ones
             self.reporter.book(zip(self._keys, self._types, self._starts, self._ends, self._preds, self._ann, strict=False))
             return
-        while len(self._preds) < n:  # gaps past the plan that ended before they were decided
-            self._preds.append(None)
-            self._ann.append(False)
         self.reporter.book([(self._key(g), self._type(g), self._starts[g], self._ends[g], self._preds[g], self._ann[g])
                             for g in range(n)])
 

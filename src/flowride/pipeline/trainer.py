@@ -65,6 +65,7 @@ class TrainResult:
                                  max(r["iterations"][-1]["end"] for r in self.ranks)],
             "events": {f"stage{r['rank']}": r["published"] for r in self.ranks},
             "bubble_prediction_error": self.prediction_error(),
+            "bubble_prediction_error_by_type": self.prediction_error_by_type(),
             "iteration_harvest": a["iteration_harvest"],
             "iteration_windows": a["iteration_windows"],
             "iteration_idle_s": a["iteration_idle_s"],
@@ -86,12 +87,24 @@ class TrainResult:
         span = max(busy[r] + sum(rp.implied) for r, rp in plans.items())
         return float(np.mean([1.0 - busy[r] / span for r in plans])) if span > 0 else 0.0
 
-    def prediction_error(self) -> float | None:
-        """Median |predicted - measured| / measured over every announced bubble of the run."""
-        errs = [abs(w["predicted_s"] - (w["end"] - w["start"])) / (w["end"] - w["start"])
+    def _prediction_errors(self) -> list[tuple[str, float]]:
+        """(bubble type, |predicted - measured| / measured) of every announced bubble of the run."""
+        return [(w["type"], abs(w["predicted_s"] - (w["end"] - w["start"])) / (w["end"] - w["start"]))
                 for r in self.ranks for w in r.get("waits", [])
                 if w["announced"] and w["predicted_s"] is not None and w["end"] > w["start"]]
+
+    def prediction_error(self) -> float | None:
+        """Median |predicted - measured| / measured over every announced bubble of the run."""
+        errs = [e for _, e in self._prediction_errors()]
         return float(np.median(errs)) if errs else None
+
+    def prediction_error_by_type(self) -> dict[str, dict]:
+        """Per bubble type: how many announced bubbles, the median and 90th-percentile error."""
+        by: dict[str, list[float]] = {}
+        for typ, e in self._prediction_errors():
+            by.setdefault(typ, []).append(e)
+        return {t: {"bubbles": len(v), "median": float(np.median(v)), "p90": float(np.percentile(v, 90))}
+                for t, v in sorted(by.items())}
 
     def bubble_seconds(self) -> float:
         """Idle seconds summed over stages and every iteration of the run."""
