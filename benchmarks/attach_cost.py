@@ -3,6 +3,7 @@
     python benchmarks/attach_cost.py micro [--iters 4000]
     torchrun --standalone --nproc-per-node 2 benchmarks/attach_cost.py step [--schedule 1f1b] [--pairs 40] [--block 4]
     python benchmarks/attach_cost.py all        # both; the step part under torchrun (2 gloo ranks)
+    python benchmarks/attach_cost.py instructions [--iters 600]   # instructions per step (valgrind's callgrind)
 
 **micro** times the observer's wrappers in isolation, in one process: rank 0 of torch's own
 Schedule1F1B (p = 2, m = 8) built on stand-in stages whose compute methods do nothing, so an
@@ -248,6 +249,38 @@ def report(a: argparse.Namespace, ranks: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------------ main
+def _loop(min_bubble: float, on: bool, steps: int) -> None:
+    """The body ``instructions`` counts: ``steps`` fake 1F1B steps, observer on or off."""
+    from flowride.pipeline.events import BubblePublisher
+    from flowride.pipeline.reporter import BubbleReporter
+    from flowride.pipeline.torch_observe import TorchObserver
+
+    sched, _ = _fake_iteration(True)
+    rep = BubbleReporter(0, BubblePublisher(None), min_bubble_s=min_bubble)
+    if on:
+        TorchObserver(sched, rep)
+    _timed(sched, steps)
+
+
+def instructions(steps: int = 600) -> list[dict]:
+    """Instructions per step under ``valgrind --tool=callgrind``: a count, not a time, so it is the
+    same on a loaded machine and an idle one, and two versions of the observer can be compared
+    exactly. Each figure is a difference of two whole-process counts (``steps`` + 1 steps against
+    1), so start-up cancels; the observer's figure is that of the observer on less that of off."""
+    def count(*args: object) -> int:
+        p = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
+                            "_loop", *map(str, args)], capture_output=True, text=True, check=True)
+        return int(next(line for line in p.stderr.splitlines() if "Collected" in line).split()[-1])
+
+    def per_step(mb: float, on: bool) -> float:
+        return (count(mb, int(on), steps + 1) - count(mb, int(on), 1)) / steps
+
+    bare = per_step(float("inf"), False)
+    return [{"case": "bare step (16 no-op compute calls)", "instructions": bare},
+            {"case": "observer, nothing announced", "instructions": per_step(float("inf"), True) - bare},
+            {"case": "observer, every gap announced (no socket)", "instructions": per_step(0.0, True) - bare}]
+
+
 def print_micro(rows: list[dict], iters: int) -> None:
     print(f"\nper call, wrappers in isolation: torch {torch.__version__}, {platform.machine()}, Python "
           f"{platform.python_version()}; median of 15 interleaved rounds of {iters} iterations")
@@ -259,7 +292,10 @@ def print_micro(rows: list[dict], iters: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("micro", "step", "all"))
+    if len(sys.argv) == 5 and sys.argv[1] == "_loop":  # the body that ``instructions`` counts
+        _loop(float(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4]))
+        return
+    ap.add_argument("what", choices=("micro", "step", "all", "instructions"))
     ap.add_argument("--iters", type=int, default=4000, help="micro: iterations per round")
     ap.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b"))
     ap.add_argument("--microbatches", type=int, default=8)
@@ -280,6 +316,13 @@ def main() -> None:
     a = ap.parse_args()
     if a.what == "step":
         step_bench(a)
+        return
+    if a.what == "instructions":
+        print(f"instructions per 1F1B step (p=2, m=8, rank 0: 16 compute calls), callgrind, {a.iters} steps; Python "
+              f"{platform.python_version()}, torch {torch.__version__}")
+        print("| case | instructions per step |\n|---|---|")
+        for r in instructions(a.iters):
+            print(f"| {r['case']} | {r['instructions']:,.0f} |")
         return
     print(f"load average before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs")
     print_micro(micro(a.iters), a.iters)

@@ -100,6 +100,12 @@ def main() -> None:
                                "iteration_ms": base["iteration_time_s"] * 1e3,
                                "bubbles_ms": sorted({round(b["median_s"] * 1e3, 1) for b in base["bubbles"] if b["type"] != "S"}),
                                "guard_level": gd.get("level"), "guard_actions": len(gd.get("actions", [])),
+                               "guard_verdict": gd.get("verdict"), "guard_verdict_text": gd.get("verdict_text"),
+                               "budget_verdict": h["budget_verdict"], "budget_note": h.get("budget_note"),
+                               "noise_floor": h.get("overhead_noise_floor"),
+                               "prediction_error_by_type": h.get("bubble_prediction_error_by_type"),
+                               "side_steps": sum(d["steps"] for d in h["side_work"].values()),
+                               "bubbles_unused_by_reason": h.get("bubbles_unused_by_reason"),
                                "losses_identical": h["losses_identical"], "load": os.getloadavg()[0],
                                "noise": a.noise.spec() if a.noise is not None else None,
                                "jitter_off_pct": off["band_pct"], "jitter_off_cv": off["cv"],
@@ -109,17 +115,28 @@ def main() -> None:
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     print(f"\n{time.time() - t0:.0f} s in all; noise: {noise_text}\n")
-    print("| preset | engine | schedule | guard | overhead % (median of pairs) | 95% CI | within budget | efficiency | "
-          "prediction error | guard rung (actions) | iteration (ms) | bubbles (ms) | jitter ±% off (alone) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| preset | engine | schedule | guard | overhead % (median of pairs) | 95% CI | budget | A/A floor % | efficiency | "
+          "side steps | prediction error (by type) | guard rung (actions), verdict | iteration (ms) | bubbles (ms) | "
+          "jitter ±% off (alone) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         lo, hi = r["ci95"]
         eff = "n/a" if r["efficiency"] is None else f"{r['efficiency']:.2f}"
         pe = "-" if r["prediction_error"] is None else f"{r['prediction_error'] * 100:.1f}%"
-        rung = "-" if r["guard_level"] is None else f"{r['guard_level']} ({r['guard_actions']})"
+        by = r.get("prediction_error_by_type") or {}
+        if by:
+            pe += " (" + ", ".join(f"{t} {d['median'] * 100:.0f}" for t, d in by.items()) + ")"
+        rung = "-" if r["guard_level"] is None else f"{r['guard_level']} ({r['guard_actions']}), {r['guard_verdict']}"
+        nf = r.get("noise_floor") or {}
+        floor = "-" if not nf else f"{nf['median_pct']:+.2f} ({nf['pairs']})"
         print(f"| {r['model']} | {r['engine']} | {r['schedule']} | {r['guard']} | {r['overhead_pct']:+.2f} | [{lo:+.2f}, {hi:+.2f}] | "
-              f"{'yes' if r['within_budget'] else 'no'} | {eff} | {pe} | {rung} | {r['iteration_ms']:.0f} | "
+              f"{r['budget_verdict']} | {floor} | {eff} | {r['side_steps']} | {pe} | {rung} | {r['iteration_ms']:.0f} | "
               f"{', '.join(f'{b:g}' for b in r['bubbles_ms'])} | {r['jitter_off_pct']:.1f} ({r['jitter_alone_pct']:.1f}) |")
+    for r in rows:  # what a row that could not decide its budget, or did no work, says
+        if r["budget_verdict"] == "unresolved":
+            print(f"- {r['model']} {r['engine']} {r['schedule']} guard {r['guard']}: {r['budget_note']}")
+        if r["efficiency_note"]:
+            print(f"- {r['model']} {r['engine']} {r['schedule']} guard {r['guard']}: efficiency: {r['efficiency_note']}")
 
 
 if __name__ == "__main__":

@@ -98,7 +98,9 @@ def main() -> None:
                        "efficiency": h["harvest_efficiency"], "prediction_error": h["bubble_prediction_error"],
                        "overhead_term": h["cost"]["overhead_term"], "value_term": h["cost"]["value_term"],
                        "savings": h["cost"]["savings"], "losses_identical": h["losses_identical"],
-                       "within_budget": h["within_budget"], "pairs": h["overhead_pairs"], "failures": len(h["failures"]),
+                       "within_budget": h["within_budget"], "budget_verdict": h.get("budget_verdict"),
+                       "noise_floor": (h.get("overhead_noise_floor") or {}).get("median_pct"),
+                       "pairs": h["overhead_pairs"], "failures": len(h["failures"]),
                        "overruns": sum(d["overruns"] for d in h["side_work"].values()),
                        "noise": a.noise.spec() if a.noise is not None else None,
                        "jitter_off_pct": off["band_pct"], "jitter_off_cv": off["cv"]}
@@ -113,15 +115,15 @@ def main() -> None:
               f"{a.block}-iteration on/off blocks); budget {DEFAULT_BUDGET_PCT:g}%; noise: {noise_text}; "
               f"{time.time() - t_start:.0f} s in all")
     print("| engine | tasks | mode | overhead % (median of pairs) | 95% CI | separate runs % | efficiency | prediction error | "
-          "overhead term | value term | savings | losses identical | within budget | off jitter ±% |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "overhead term | value term | savings | losses identical | budget | A/A floor % | off jitter ±% |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         lo, hi = r["ci95"]
         pe = "-" if r["prediction_error"] is None else f"{r['prediction_error'] * 100:.1f}%"
         print(f"| {r['engine']} | {r['tasks']} | {r['mode']} | {r['overhead_pct']:+.2f} | [{lo:+.2f}, {hi:+.2f}] | "
               f"{r['separate_runs_pct']:+.1f} | {'n/a' if r['efficiency'] is None else format(r['efficiency'], '.2f')} | {pe} | {r['overhead_term']:+.3f} | "
-              f"{r['value_term']:+.3f} | {r['savings']:+.3f} | {r['losses_identical']} | {'yes' if r['within_budget'] else 'no'} | "
-              f"{r['jitter_off_pct']:.1f} |")
+              f"{r['value_term']:+.3f} | {r['savings']:+.3f} | {r['losses_identical']} | {r['budget_verdict']} | "
+              f"{'-' if r['noise_floor'] is None else format(r['noise_floor'], '+.2f')} | {r['jitter_off_pct']:.1f} |")
 
 
 if __name__ == "__main__":

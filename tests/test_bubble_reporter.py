@@ -57,10 +57,8 @@ def test_learns_each_wait_and_announces_its_end_from_the_second_iteration():
     assert [e.kind for e in evs] == ["bubble", "busy", "bubble", "busy"]
     errs = rep.prediction_errors()
     assert errs == pytest.approx([0.01 / 0.11, 0.3 * pace / 0.3 - 1.0])
-    # lengths are kept at the typical pace: recv#1 ran at the pace read when it began
-    prof = rep.profile()
-    assert prof["recv#0"] == pytest.approx(0.105) and prof["recv#1"] == pytest.approx((0.3 + 0.3 / pace) / 2)
-    assert prof["tiny#0"] == pytest.approx(0.001, rel=0.02)  # it too ran a little late: normalized by that pace
+    # lengths are kept at the typical pace; the last iteration, whose length is not known yet, counts as typical
+    assert rep.profile() == pytest.approx({"recv#0": 0.105, "recv#1": 0.3, "tiny#0": 0.001})
 
 
 def test_predictions_follow_a_pipeline_whose_pace_jitters_20pct():

@@ -192,7 +192,10 @@ def test_forced_chunks_are_kept():
 
 @pytest.mark.parametrize("args,limit", [
     (["-t", "fabric", "--node", "h800", "--nodes", "2", "-c", "alltoall", "-s", "64MiB"], 20),  # ran 11% over before
-    (["-t", "dgx2", "--chassis", "4", "-c", "allgather", "-s", "1GB", "--chunks", "32", "--method", "trees"], 20),  # 64: 349 s for 120
+    # 64 chunks: 349 s for 120. The fixed costs here (NCCL's modelled rings, the baseline and its
+    # replay, the winner's replay) took ~18 s of a 20 s limit on a slower day of this 2-core machine:
+    # a 40 s limit leaves the search its share, and the limit still holds to 5%
+    (["-t", "dgx2", "--chassis", "4", "-c", "allgather", "-s", "1GB", "--chunks", "32", "--method", "trees"], 40),
 ])
 def test_time_limit_is_wall_time(tmp_path, args, limit):
     t0 = time.perf_counter()

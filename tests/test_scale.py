@@ -139,7 +139,9 @@ def test_trees_meet_the_published_ndv2_optimum():
 
 
 def test_trees_on_a_256_gpu_torus_stay_within_the_target():
-    out = synthesize(torus(16, 16), "allgather", 10**9, "fast", method="trees", time_limit=20)
+    # 20 s reached 1.2x on a faster day and 1.79x on a slower one (the trees' scheduling ran out of
+    # time); 45 s reaches 1.21x there in ~40 s
+    out = synthesize(torus(16, 16), "allgather", 10**9, "fast", method="trees", time_limit=45)
     rep = out.report()
     assert rep["verified"] and rep["gpus"] == 256
     assert rep["ratio_to_lower_bound"] <= 1.5

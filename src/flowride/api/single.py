@@ -4,6 +4,7 @@ run the chosen method, then verify and measure the winner in the simulator, the 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +40,10 @@ def synthesize_one(topo: Topology, demand: Demand, opts: SynthOptions, clock: Cl
     search_clock = clock
     if clock.limit is not None:  # keep what verifying and measuring the winner will take (the baseline's size, about)
         hops = 2 if topo.switches else 1  # a delivery through a switch is two sends
-        reserve = min(0.3 * clock.left(), MEASURE_SECONDS_PER_SEND * max(len(inst.base), hops * demand.num_deliveries))
+        # per send: the nominal figure, or what the baseline's replay took on this machine now, twice
+        # (the winner is pruned as well as replayed): a slower or busier machine keeps more
+        per_send = max(MEASURE_SECONDS_PER_SEND, 2.0 * inst.replay_s_per_send)
+        reserve = min(0.3 * clock.left(), per_send * max(len(inst.base), hops * demand.num_deliveries))
         search_clock = Clock(max(1e-3, clock.left() - reserve))
     found = _search(inst, opts, search_clock, _in_time(progress, inst.timing.tau), warm)
     return _measure(inst, found, opts, clock)
@@ -84,6 +88,7 @@ class _Instance:
     base_sim: SimResult
     bounds: Bounds
     epoch_bounds: dict[str, int]
+    replay_s_per_send: float = MEASURE_SECONDS_PER_SEND  # building and replaying the baseline, per send, as timed here
 
     @property
     def lo(self) -> int:
@@ -95,13 +100,15 @@ def _model(topo: Topology, demand: Demand, opts: SynthOptions, clock: Clock, pro
     check_work(topo, demand, timing, opts.time_limit)
     D = epoch_distances(topo, timing)
     base_name, base = baseline_sends(topo, demand, timing)
+    t0 = time.perf_counter()
     base_sched = Schedule.from_tuples(topo, demand, timing.tau, base, {"method": base_name})
     base_sim = simulate(base_sched)
+    replay = (time.perf_counter() - t0) / max(1, len(base))
     if not base_sim.valid:  # the baseline is built by the same rules; this guards the builder
         raise AssertionError(f"baseline {base_name} failed verification: {base_sim.first_violation}")
     bounds = lower_bounds(topo, demand, clock.left(), timing)
     eb = epoch_lower_bound(topo, demand, timing, D, clock.left())
-    inst = _Instance(topo, demand, timing, D, base_name, base, base_sched, base_sim, bounds, eb)
+    inst = _Instance(topo, demand, timing, D, base_name, base, base_sched, base_sim, bounds, eb, replay)
     if progress:
         progress({"stage": "bounds", "lo": inst.lo, "hi": int(base_sim.epochs), "baseline": base_name, "tau": timing.tau,
                   "best_us": base_sim.finish_time_s * 1e6, "bound_us": bounds.best_s * 1e6})

@@ -39,7 +39,7 @@ from flowride.pipeline.events import BubbleEvent, BubblePublisher, free_memory_b
 PROFILE_SCHEMA = "flowride.bubble-profile/2"
 
 
-@dataclass
+@dataclass(slots=True)
 class Wait:
     """One measured wait (gap) of a stage."""
 
@@ -69,25 +69,30 @@ class GapPredictor:
 
     On a busy node the whole pipeline runs faster or slower from one iteration to the next
     (+-20% seen on a shared host), so one learned length per wait loses track. Each wait's
-    length is therefore kept *normalized* by the pace it ran at, and a prediction is the
-    normalized median times the current pace. The pace is read off the iteration itself: a wait
-    that usually starts ``o_k`` seconds into the iteration and starts ``o`` seconds in now says
-    the iteration runs at ``o / o_k``. Early in an iteration there is little to read, so the
-    estimate leans on the typical pace (1) by a weight of ``lean`` x the typical iteration:
-    ``pace = (o + tau) / (o_k + tau)``. Medians (of the last ``window``) keep one disturbed
-    iteration from moving anything.
+    length (and where in its iteration it started) is therefore kept *normalized* by the pace of
+    the iteration it ran in, that iteration's length against the typical one (the median of the
+    last ``window``), and a prediction is the normalized median times the current pace. The
+    current pace is read off the iteration in progress: a wait that typically starts ``o_k``
+    seconds into the iteration and starts ``o`` seconds in now says it runs at ``o / o_k``; early
+    in an iteration there is little to read, so the estimate leans on the typical pace (1) by a
+    weight of ``lean`` x the typical iteration: ``pace = (o + tau) / (o_k + tau)``. Medians of
+    the last ``window`` keep one disturbed iteration from moving anything.
+
+    Learning is batched per iteration (:meth:`observe_iteration`): its pace is known only when it
+    ends, and on the training step one pass over its waits is all the observer can afford.
     """
 
     def __init__(self, window: int = 5, lean: float = 0.1) -> None:
         self.window = window
         self.lean = lean
         self.seen: dict[str, deque[float]] = {}  # key -> normalized lengths (seconds at the typical pace)
-        self.offsets: dict[str, deque[float]] = {}  # key -> where in the iteration it started (seconds)
+        self.offsets: dict[str, deque[float]] = {}  # key -> normalized start in the iteration (seconds)
         self.iter_lengths: deque[float] = deque(maxlen=window)
-        # key -> (length median, offset median + tau): read once per key and iteration, since the
-        # observer's cost is paid on the training step (cleared when an iteration begins)
+        # key -> (length median, offset median + tau): read once per key and iteration (the
+        # observer's cost is paid on the training step), forgotten when an iteration is learned
         self._med: dict[str, tuple[float, float | None]] = {}
         self.tau = 0.0
+        self.typical = 0.0  # the typical iteration (median of the last ``window``)
 
     def _medians(self, key: str) -> tuple[float, float | None] | None:
         m = self._med.get(key)
@@ -125,38 +130,35 @@ class GapPredictor:
         m = self._med.get(key) or self._medians(key)
         return None if m is None else m[0] * self.pace(key, offset)
 
-    def observe(self, key: str, seconds: float, offset: float | None = None, pace: float | None = None) -> None:
-        """A wait of ``key`` lasted ``seconds``, starting ``offset`` into its iteration at ``pace``
-        (as :meth:`pace` read it then; None: read it now)."""
-        if pace is None:
-            pace = self.pace(key, offset)
-        hist = self.seen.get(key)
-        if hist is None:  # not setdefault: it would build a deque on every wait (the observer's cost)
-            hist = self.seen[key] = deque(maxlen=self.window)
-        hist.append(seconds / pace if pace > 0 else seconds)
-        if offset is not None:
-            offs = self.offsets.get(key)
-            if offs is None:
-                offs = self.offsets[key] = deque(maxlen=self.window)
-            offs.append(offset)
-        self._med.pop(key, None)
-
-    def new_iteration(self) -> None:
-        """What was observed so far counts from now on."""
-        self._med.clear()
-
-    def end_iteration(self, seconds: float) -> None:
-        """An iteration took ``seconds``: the typical one sets how far the pace leans on 1."""
-        if seconds > 0:
+    def observe_iteration(self, waits: Sequence[tuple[str, float, float | None]], seconds: float | None) -> None:
+        """Learn one iteration's waits, each ``(key, seconds, offset into the iteration)``; the
+        iteration lasted ``seconds`` (None: unknown, its pace taken as typical)."""
+        pace = seconds / self.typical if seconds and self.typical > 0 else 1.0
+        inv = 1.0 / pace if pace > 0 else 1.0
+        seen, offsets, window = self.seen, self.offsets, self.window
+        for key, length, off in waits:
+            hist = seen.get(key)
+            if hist is None:  # not setdefault: it would build a deque on every wait (the observer's cost)
+                hist = seen[key] = deque(maxlen=window)
+            hist.append(length * inv)
+            if off is not None:
+                offs = offsets.get(key)
+                if offs is None:
+                    offs = offsets[key] = deque(maxlen=window)
+                offs.append(off * inv)
+        if seconds and seconds > 0:
             self.iter_lengths.append(seconds)
-            self.tau = self.lean * _median(self.iter_lengths)
+            self.typical = _median(self.iter_lengths)
+            self.tau = self.lean * self.typical
         self._med.clear()
+
+    def observe(self, key: str, seconds: float, offset: float | None = None) -> None:
+        """One wait learned on its own, at the typical pace."""
+        self.observe_iteration([(key, seconds, offset)], None)
 
     def seed(self, lengths: dict[str, float]) -> None:
         """Start from a saved profile (its lengths count as one observation each)."""
-        for k, v in lengths.items():
-            self.observe(k, float(v), pace=1.0)
-        self._med.clear()
+        self.observe_iteration([(k, float(v), None) for k, v in lengths.items()], None)
 
     def medians(self) -> dict[str, float]:
         return {k: statistics.median(v) for k, v in self.seen.items() if v}
@@ -187,6 +189,7 @@ class BubbleReporter:
         self.iteration = -1
         self.iterations_seen = 0
         self.iter_start: float | None = None  # when the current iteration began (wait offsets count from it)
+        self._pending: list[tuple[str, float, float | None]] = []  # this iteration's waits, learned when it ends
         self.free_memory = 0
         self.waits: list[Wait] = []
         self._counts: dict[str, int] = {}
@@ -201,10 +204,8 @@ class BubbleReporter:
         out whether or not harvesting is on, since the guard needs the off iterations too."""
         now = self.clock()
         self.busy(now)
-        if self.iter_start is not None:
-            self.predictor.end_iteration(now - self.iter_start)
-        else:
-            self.predictor.new_iteration()
+        self.predictor.observe_iteration(self._pending, None if self.iter_start is None else now - self.iter_start)
+        self._pending = []
         self.iter_start = now
         self.iteration = self.iteration + 1 if iteration is None else iteration
         self.iterations_seen += 1
@@ -236,7 +237,6 @@ class BubbleReporter:
             self.busy(now)
         key = self._key(label)
         offset = None if self.iter_start is None else now - self.iter_start
-        pace = self.predictor.pace(key, offset)
         pred = (until - now) if until is not None else self.predictor.predict(key, offset)
         announce = (
             self.enabled
@@ -246,18 +246,18 @@ class BubbleReporter:
         )
         if announce:
             self.pub.publish(BubbleEvent("bubble", self.stage, type, now, now + pred, self.free_memory, self.iteration))
-        self._open = (key, type, now, pred, announce, offset, pace)
+        self._open = (key, type, now, pred, announce, offset)
 
     def busy(self, now: float | None = None) -> None:
         """The stage computes again (no-op when no wait is open)."""
         if self._open is None:
             return
         now = self.clock() if now is None else now
-        key, typ, start, pred, announced, offset, pace = self._open
+        key, typ, start, pred, announced, offset = self._open
         self._open = None
         if announced:
             self.pub.publish(BubbleEvent("busy", self.stage, typ, now, None, self.free_memory, self.iteration))
-        self.predictor.observe(key, now - start, offset, pace)
+        self._pending.append((key, now - start, offset))
         self.waits.append(Wait(self.iteration, key, typ, start, now, pred, announced))
 
     @contextmanager
@@ -288,11 +288,9 @@ class BubbleReporter:
     def book(self, waits: Iterable[tuple[str, str, float, float, float | None, bool]]) -> None:
         """Waits measured (and announced) by the caller, as (key, type, start, end, predicted,
         announced), booked after the fact as :meth:`busy` books each one."""
-        it, observe, append, t0 = self.iteration, self.predictor.observe, self.waits.append, self.iter_start
-        pace = self.predictor.pace
+        it, learn, append, t0 = self.iteration, self._pending.append, self.waits.append, self.iter_start
         for key, typ, start, end, pred, announced in waits:
-            off = None if t0 is None else start - t0
-            observe(key, end - start, off, pace(key, off))
+            learn((key, end - start, None if t0 is None else start - t0))
             append(Wait(it, key, typ, start, end, pred, announced))
 
     # ------------------------------------------------------------------ harvest blocks
@@ -307,7 +305,11 @@ class BubbleReporter:
                 if w.announced and w.predicted_s is not None and w.seconds > 0]
 
     def profile(self) -> dict[str, float]:
-        """Learned median length per key (reusable as ``profile=`` in a later run)."""
+        """Learned median length per key at the typical pace (reusable as ``profile=`` in a later
+        run); the last iteration's waits are learned first."""
+        if self._pending:
+            self.predictor.observe_iteration(self._pending, None)
+            self._pending = []
         return self.predictor.medians()
 
     def summary(self) -> dict:
