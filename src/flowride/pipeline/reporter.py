@@ -78,6 +78,13 @@ class GapPredictor:
     weight of ``lean`` x the typical iteration: ``pace = (o + tau) / (o_k + tau)``. Medians of
     the last ``window`` keep one disturbed iteration from moving anything.
 
+    Not every wait follows the pace: a stage's wait on its neighbour's compute often moves with
+    the neighbour's noise, not its own progress (replayed on this machine's own runs, pace
+    scaling helped some keys and hurt others). So each key keeps both predictions, the
+    pace-scaled one and the plain median of its raw lengths, scores them on every iteration it
+    is seen in, and uses the pace-scaled one only while its errors over the last ``window``
+    iterations are lower (the plain median until three iterations show it).
+
     Learning is batched per iteration (:meth:`observe_iteration`): its pace is known only when it
     ends, and on the training step one pass over its waits is all the observer can afford.
     """
@@ -87,21 +94,26 @@ class GapPredictor:
         self.lean = lean
         self.seen: dict[str, deque[float]] = {}  # key -> normalized lengths (seconds at the typical pace)
         self.offsets: dict[str, deque[float]] = {}  # key -> normalized start in the iteration (seconds)
+        self.raw: dict[str, deque[float]] = {}  # key -> lengths as measured
+        self.score: dict[str, deque[float]] = {}  # key -> relative error of pace-scaled less plain, per iteration
         self.iter_lengths: deque[float] = deque(maxlen=window)
-        # key -> (length median, offset median + tau): read once per key and iteration (the
-        # observer's cost is paid on the training step), forgotten when an iteration is learned
-        self._med: dict[str, tuple[float, float | None]] = {}
+        # key -> (normalized length median, offset median + tau, raw median, pace-scaled wins): read
+        # once per key and iteration (the observer's cost is paid on the training step),
+        # forgotten when an iteration is learned
+        self._med: dict[str, tuple[float, float | None, float, bool]] = {}
         self.tau = 0.0
         self.typical = 0.0  # the typical iteration (median of the last ``window``)
 
-    def _medians(self, key: str) -> tuple[float, float | None] | None:
+    def _medians(self, key: str) -> tuple[float, float | None, float, bool] | None:
         m = self._med.get(key)
         if m is None:
             hist = self.seen.get(key)
             if not hist:
                 return None
             offs = self.offsets.get(key)
-            m = self._med[key] = (_median(hist), _median(offs) + self.tau if offs else None)
+            sc = self.score.get(key)
+            wins = sc is not None and len(sc) >= 3 and _median(sc) < 0.0
+            m = self._med[key] = (_median(hist), _median(offs) + self.tau if offs else None, _median(self.raw[key]), wins)
         return m
 
     def pace(self, key: str, offset: float | None) -> float:
@@ -121,25 +133,46 @@ class GapPredictor:
         m = self._med.get(key) or self._medians(key)
         if m is None:
             return None
-        length, den = m
+        length, den, plain, wins = m
+        if not wins:
+            return 0.0, plain
         if den is None or den <= 0:
             return 0.0, length
         return length / den, length * self.tau / den
 
     def predict(self, key: str, offset: float | None = None) -> float | None:
         m = self._med.get(key) or self._medians(key)
-        return None if m is None else m[0] * self.pace(key, offset)
+        if m is None:
+            return None
+        return m[0] * self.pace(key, offset) if m[3] else m[2]
 
-    def observe_iteration(self, waits: Sequence[tuple[str, float, float | None]], seconds: float | None) -> None:
+    def typical_length(self, key: str) -> float | None:
+        """The key's length at the typical pace (whether a wait is long enough to announce)."""
+        m = self._med.get(key) or self._medians(key)
+        return None if m is None else (m[0] if m[3] else m[2])
+
+    def observe_iteration(self, waits: Sequence[tuple[str, float, float | None]], seconds: float | None,
+                          score: bool = True) -> None:
         """Learn one iteration's waits, each ``(key, seconds, offset into the iteration)``; the
-        iteration lasted ``seconds`` (None: unknown, its pace taken as typical)."""
+        iteration lasted ``seconds`` (None: unknown, its pace taken as typical). ``score``: also
+        weigh the two predictions of each wait against what it measured (skipped while nothing
+        is announced, to keep the observer's cost down)."""
         pace = seconds / self.typical if seconds and self.typical > 0 else 1.0
         inv = 1.0 / pace if pace > 0 else 1.0
-        seen, offsets, window = self.seen, self.offsets, self.window
+        seen, offsets, raw, window, tau = self.seen, self.offsets, self.raw, self.window, self.tau
         for key, length, off in waits:
             hist = seen.get(key)
             if hist is None:  # not setdefault: it would build a deque on every wait (the observer's cost)
                 hist = seen[key] = deque(maxlen=window)
+                raw[key] = deque(maxlen=window)
+            elif score and length > 0 and off is not None:
+                m = self._med.get(key) or self._medians(key)
+                if m[1]:
+                    sc = self.score.get(key)
+                    if sc is None:
+                        sc = self.score[key] = deque(maxlen=window)
+                    sc.append((abs(m[0] * (off + tau) / m[1] - length) - abs(m[2] - length)) / length)
+            raw[key].append(length)
             hist.append(length * inv)
             if off is not None:
                 offs = offsets.get(key)
@@ -204,7 +237,7 @@ class BubbleReporter:
         out whether or not harvesting is on, since the guard needs the off iterations too."""
         now = self.clock()
         self.busy(now)
-        self.predictor.observe_iteration(self._pending, None if self.iter_start is None else now - self.iter_start)
+        self.predictor.observe_iteration(self._pending, None if self.iter_start is None else now - self.iter_start, self.enabled)
         self._pending = []
         self.iter_start = now
         self.iteration = self.iteration + 1 if iteration is None else iteration
@@ -281,9 +314,9 @@ class BubbleReporter:
         n = len(keys)
         if not (self.enabled and self.iterations_seen > self.warmup_iters):
             return [None] * n, [False] * n
-        coef, med, lo = self.predictor.coefficients, self.predictor._medians, self.min_bubble_s
+        coef, typical, lo = self.predictor.coefficients, self.predictor.typical_length, self.min_bubble_s
         coefs = [coef(k) for k in keys]
-        return coefs, [c is not None and med(k)[0] >= lo for k, c in zip(keys, coefs, strict=True)]
+        return coefs, [c is not None and typical(k) >= lo for k, c in zip(keys, coefs, strict=True)]
 
     def book(self, waits: Iterable[tuple[str, str, float, float, float | None, bool]]) -> None:
         """Waits measured (and announced) by the caller, as (key, type, start, end, predicted,
