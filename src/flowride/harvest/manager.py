@@ -104,7 +104,8 @@ class Manager:
         self.type_of: dict[int, str] = {}  # task id -> the bubble type it runs in now
         self.failures: list[dict] = []
         self.margins = BubbleMargins()  # per bubble type: how bubbles ended against their prediction (fitting.py)
-        self.unused: Counter[str] = Counter()  # why an announced bubble got no side step, by reason
+        self.unused: Counter[str] = Counter()  # why an announced bubble got no side step, by rule
+        self.unused_example: dict[str, str] = {}  # rule -> the last such reason in full
         self.bubbles_announced = 0
         self.stop = threading.Event()
         self.next_stage = 0
@@ -362,8 +363,10 @@ class Manager:
             self.bubble[ev.stage] = ev
             self.bubbles_announced += 1
             why = self._fill(ev.stage)
-            if why:
-                self.unused[why] += 1
+            if why:  # counted by the rule (the text before its figures), the last figures kept as its example
+                rule = why.split(":")[0]
+                self.unused[rule] += 1
+                self.unused_example[rule] = why
         else:  # the stage computes again: give its core back
             b = self.bubble.pop(ev.stage, None)
             if b is not None:
@@ -494,6 +497,7 @@ class Manager:
             "guard": self.guard.report() if self.guard is not None else None,
             # every announced bubble, and why those that got no side step got none
             "bubbles": {"announced": self.bubbles_announced, "unused_by_reason": dict(self.unused.most_common()),
+                        "unused_examples": self.unused_example,
                         "prediction_by_type": self.margins.report()},
         }
         write_json_atomic(self.run_dir / "harvest.json", record)

@@ -243,6 +243,7 @@ def harvest_report(base_rep: dict | None, rep: dict, record: dict, mode: str, pr
         # and per type how bubbles ended against their prediction (the fit rule's margin)
         "bubbles_announced": (record.get("bubbles") or {}).get("announced"),
         "bubbles_unused_by_reason": (record.get("bubbles") or {}).get("unused_by_reason"),
+        "bubbles_unused_examples": (record.get("bubbles") or {}).get("unused_examples"),
         "bubble_fit_margins": (record.get("bubbles") or {}).get("prediction_by_type"),
         "bubble_seconds": bubble,
         "cost": savings(t_v, t_f, dedicated, p_ref, p_main),
@@ -316,8 +317,9 @@ def no_work_cause(bubbles: dict | None, outside: int) -> str:
         head += f" ({outside} side step(s) ran outside them, in warm-up or after the last)"
     if not n:
         return head + ": no bubble was announced to the manager (every wait was predicted shorter than --min-bubble, or the run was too short to learn them)"
+    examples = bubbles.get("unused_examples") or {}
     top = sorted(unused.items(), key=lambda kv: -kv[1])[:3]
-    why = "; ".join(f"{c} of {n} bubbles: {r}" for r, c in top)
+    why = "; ".join(f"{c} of {n} bubbles: {examples.get(r, r)}" for r, c in top)
     return f"{head}: {why}" if why else f"{head}: {n} bubbles were announced and none was used"
 
 
