@@ -69,9 +69,20 @@ class Live:
         not a task ignoring the pause, and told apart by these two."""
         try:
             fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return fields[0], (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # every thread's
         except (OSError, IndexError, ValueError):
             return "?", 0.0
+        # runnable if any thread is: a task whose main thread waits on its own starved worker
+        # thread (the cnn's batch maker) sleeps, yet is starved all the same
+        state = fields[0]
+        if state != "R":
+            try:
+                for t in Path(f"/proc/{self.proc.pid}/task").iterdir():
+                    if (t / "stat").read_text().rsplit(")", 1)[1].split()[0] == "R":
+                        return "R", cpu
+            except (OSError, IndexError):
+                pass
+        return state, cpu
 
     def starved(self, grace: float) -> bool:
         """Runnable but given less than half ``grace`` of CPU since the pause was asked."""
