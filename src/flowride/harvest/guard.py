@@ -28,7 +28,8 @@ decides:
 - **Otherwise hold.** An interval that spans the budget cannot decide: the guard says so
   ("cannot resolve the budget at this noise"), keeps harvesting at the rung the last resolvable
   decision set, and states how many pairs at the measured spread would resolve the difference
-  seen (``(1.96 s / |mean - budget|)^2``). The pairs it uses grow with the run (up to
+  seen (the interval narrows as 1/sqrt(pairs): ``n (h / |mean - budget|)^2``, ``h`` its side
+  toward the budget). The pairs it uses grow with the run (up to
   ``window``), so the interval narrows as far as the noise allows: the pairs needed are a
   function of the noise, not a constant.
 
@@ -89,13 +90,16 @@ def decision_interval(pcts: list[float], looks_before: int, alpha: float = 0.05)
     return math.expm1(m - half) * 100.0, math.expm1(m + half) * 100.0
 
 
-def pairs_to_resolve(sd: float, mean: float, budget: float) -> int | None:
-    """Pairs whose 95% interval would be narrower than the distance between ``mean`` and the
-    budget at spread ``sd`` (normal approximation); None when the mean sits on the budget."""
-    gap = abs(mean - budget)
+def pairs_to_resolve(n: int, centre: float, low: float, high: float, budget: float) -> int | None:
+    """Pairs whose 95% interval would no longer reach the budget: the interval ``[low, high]``
+    around ``centre`` over ``n`` pairs narrows as 1/sqrt(pairs), so its side toward the budget
+    must shrink to the distance between ``centre`` and the budget. None when the centre sits on
+    the budget (no number of pairs resolves it)."""
+    gap = abs(centre - budget)
     if gap < 1e-9:
         return None
-    return max(2, math.ceil((1.96 * sd / gap) ** 2))
+    half = (high - centre) if budget > centre else (centre - low)
+    return max(n + 1, math.ceil(n * (half / gap) ** 2))
 
 
 @dataclass(frozen=True)
@@ -272,7 +276,7 @@ class BudgetGuard:
         elif dhi < self.budget_pct:
             out.update(verdict="within", text=f"within the {self.budget_pct:g}% budget: the interval [{lo:+.2f}, {hi:+.2f}]% lies under it")
         else:
-            need = pairs_to_resolve(sd, m, self.budget_pct)
+            need = pairs_to_resolve(n, m, lo, hi, self.budget_pct)
             more = ("no number of pairs would: the mean sits on the budget" if need is None else
                     f"about {need} pairs ({need * per_pair} iterations) at this spread would resolve a difference of "
                     f"{abs(m - self.budget_pct):.2f} points")

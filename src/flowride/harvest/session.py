@@ -275,7 +275,8 @@ def budget_judgement(out: dict, budget_pct: float, block: int | None) -> dict:
     else:
         verdict = "unresolved"
         sd = out.get("overhead_sd_pct")
-        need = pairs_to_resolve(sd, m, budget_pct) if sd else None
+        n = out.get("overhead_pairs") or 0
+        need = pairs_to_resolve(n, m, lo, hi, budget_pct) if n else None
         if out.get("overhead_ci95") is None:
             note = "one separate run has no interval: run paired (--paired-block) to resolve the budget"
         elif need is None:
@@ -283,7 +284,7 @@ def budget_judgement(out: dict, budget_pct: float, block: int | None) -> dict:
                     "overhead sits on it")
         else:
             note = (f"cannot resolve the {budget_pct:g}% budget at this noise: the interval [{lo:+.2f}, {hi:+.2f}]% spans it "
-                    f"(pair spread {sd:.2f} points over {out.get('overhead_pairs')} pairs); about {need} pairs"
+                    f"(pair spread {sd:.2f} points over {n} pairs); about {need} pairs"
                     + (f" ({need * 2 * block} paired iterations)" if block else "")
                     + f" would resolve a difference of {abs(m - budget_pct):.2f} points")
     return {"within_budget": verdict == "within", "budget_verdict": verdict, "budget_resolved": verdict != "unresolved",
