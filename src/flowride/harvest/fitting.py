@@ -82,13 +82,16 @@ class BubbleMargins:
     """How the bubbles of each type really ended against their predicted ends, and the margin
     the fit rule takes from that spread.
 
-    The reporter predicts a bubble's end from the pipeline's pace; on a noisy node some bubbles
-    still end early. Per bubble type the manager keeps the ratio ``measured / predicted`` length
-    of its last ``window`` bubbles; a step is fitted against the predicted length shrunk by their
-    ``quantile`` (the 10th percentile: 9 bubbles in 10 lasted at least that share), never
-    stretched (a bubble that ends late costs no overrun) and never below ``floor``. On a quiet
-    node the ratios sit at ~1 and the rule is FreeRide's; the noisier the node, the wider the
-    margin.
+    The reporter predicts a bubble's end; on a noisy node some bubbles still end early. Per
+    bubble type the manager keeps the ratio ``measured / predicted`` length of its last ``window``
+    bubbles, and their ``quantile`` (the 10th percentile: 9 bubbles in 10 lasted at least that
+    share of their prediction; never above 1, never below ``floor``) divides the fit factor: a
+    step starts only while the bubble has ``factor / share`` x its step left. The margin grows
+    with the step, not with the bubble: a short step near a long bubble's end risks an overrun
+    of one short step (cheap), a step as long as the bubble is kept out of a bubble that may end
+    early. (Shrinking the predicted end itself by the share cost a third of the harvest in long
+    bubbles for no gain: 0.66 efficiency against ~0.9 on this machine.) On a quiet node the
+    ratios sit at ~1 and the rule is FreeRide's.
     """
 
     def __init__(self, window: int = 50, quantile: float = 0.1, min_seen: int = 5, floor: float = 0.5) -> None:
@@ -116,12 +119,6 @@ class BubbleMargins:
                 s = min(1.0, max(self.floor, q))
             self._shrink[typ] = s
         return s
-
-    def end_for(self, ev: BubbleEvent) -> float | None:
-        """``ev``'s predicted end with this type's margin taken off."""
-        if ev.predicted_end is None:
-            return None
-        return ev.start + self.shrink(ev.type) * (ev.predicted_end - ev.start)
 
     def report(self) -> dict[str, dict]:
         """Per type: bubbles seen, the median and 10th-percentile ratio, the median error, and

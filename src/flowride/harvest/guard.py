@@ -19,10 +19,12 @@ decides:
 - **A/A pairs, the noise floor.** One pair in ``aa_every`` runs training alone in *both* arms.
   Its "overhead" is pure noise: their mean and spread are the floor under which no overhead can
   be told apart from nothing, reported beside every decision. They never feed a decision.
-- **Back off** one rung of :data:`LADDER` only when the 95% t-interval's *lower* end over at
-  least ``min_pairs`` pairs at this rung is above the budget, and the pairs' median is too (robust
-  to one pair disturbed from outside). Since the budget is >= 0, an interval that contains zero
-  never stops side work.
+- **Back off** one rung of :data:`LADDER` only when the interval's *lower* end over at least
+  ``min_pairs`` pairs at this rung is above the budget, and the pairs' median is too (robust to
+  one pair disturbed from outside). Since the budget is >= 0, an interval that contains zero
+  never stops side work. The guard acts only at fixed pair counts (:data:`LOOKS`), on an
+  interval widened for those repeated looks (:func:`decision_interval`), so that noise alone
+  moves a rung with a chance of at most ``alpha``.
 - **Relax** one rung only when the interval's *upper* end is below the budget (``relax_pairs``
   pairs); from the top rung, where nothing runs and nothing pairs, after ``probe_blocks`` blocks.
 - **Otherwise hold.** An interval that spans the budget cannot decide: the guard says so
@@ -72,20 +74,23 @@ def t_interval(pcts: list[float]) -> tuple[float, float, float, float] | None:
     return pct(m), pct(m - half), pct(m + half), sd * 100.0
 
 
-def decision_interval(pcts: list[float], looks_before: int, alpha: float = 0.05) -> tuple[float, float] | None:
-    """(low, high) in percent of the interval the guard *acts* on: the t-interval at level
-    ``alpha / ((k + 1)(k + 2))`` for the ``k``-th look (``looks_before`` = k). The guard looks
-    after every pair; a 95% interval looked at that often crosses any budget by chance sooner or
-    later (an A/A stream backed off in about one run in ten). Spending ``alpha`` over the looks
-    this way (the terms sum to ``alpha``) bounds the chance of any false move on a rung over the
-    whole run by ``alpha``. It is never narrower than the 95% interval it reports."""
+LOOKS = (4, 6, 8, 12, 16, 24, 32, 48)  # the pair counts at a rung where the guard may act
+
+
+def decision_interval(pcts: list[float], alpha: float = 0.05, looks: int = len(LOOKS)) -> tuple[float, float] | None:
+    """(low, high) in percent of the interval the guard *acts* on: a t-interval (on log ratios)
+    at level ``1 - alpha / looks``. A 95% interval looked at after every new pair crosses any
+    budget by chance sooner or later (an A/A stream backed off in about one run in ten). The
+    guard therefore acts only at the pair counts :data:`LOOKS` (a group-sequential design), each
+    at ``alpha / looks``: by the union bound the chance of any false move on a rung over a whole
+    run is at most ``alpha``. It is never narrower than the 95% interval reported."""
     from scipy.stats import t as student_t
 
     if len(pcts) < 2:
         return None
     xs = [math.log1p(p / 100.0) for p in pcts]
     m, sd = statistics.fmean(xs), statistics.stdev(xs)
-    a = min(0.05, alpha / ((looks_before + 1) * (looks_before + 2)))
+    a = min(0.05, alpha / looks)
     half = float(student_t.ppf(1.0 - a / 2.0, len(xs) - 1)) * sd / math.sqrt(len(xs))
     return math.expm1(m - half) * 100.0, math.expm1(m + half) * 100.0
 
@@ -162,7 +167,7 @@ class BudgetGuard:
     _idle: int = 0  # iterations seen on a rung that harvests nothing
     _over_at: dict[int, int] = field(default_factory=dict)  # rung -> the iteration it was judged over the budget
     retry_iters: int = 2048  # a rung judged over is not relaxed into again for this many iterations
-    alpha: float = 0.05  # the chance of any false move on one rung over a whole run (see decision_interval)
+    alpha: float = 0.05  # the chance of any false move on one rung within its looks (see decision_interval)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.budget_pct) and self.budget_pct >= 0):
@@ -267,25 +272,36 @@ class BudgetGuard:
             return out
         m, lo, hi, sd = iv
         med = statistics.median(p.overhead_pct for p in ps)
-        # the looks at this rung so far, counted from the first that may act
-        dlo, dhi = decision_interval([p.overhead_pct for p in ps], max(0, len(self.pairs) - min(self.min_pairs, self.relax_pairs)),
-                                     self.alpha)
+        dlo, dhi = decision_interval([p.overhead_pct for p in ps], self.alpha)
         out.update(mean_pct=m, median_pct=med, ci95_pct=[lo, hi], sd_pct=sd, decision_interval_pct=[dlo, dhi])
-        if dlo > self.budget_pct and med > self.budget_pct:
-            out.update(verdict="over", text=f"over the {self.budget_pct:g}% budget: the interval [{lo:+.2f}, {hi:+.2f}]% lies above it")
-        elif dhi < self.budget_pct:
-            out.update(verdict="within", text=f"within the {self.budget_pct:g}% budget: the interval [{lo:+.2f}, {hi:+.2f}]% lies under it")
+        b = self.budget_pct
+        if dlo > b and med > b:
+            out.update(verdict="over", text=f"over the {b:g}% budget: the interval [{lo:+.2f}, {hi:+.2f}]% lies above it "
+                                            f"(and the one the guard acts on, [{dlo:+.2f}, {dhi:+.2f}]%)")
+        elif dhi < b:
+            out.update(verdict="within", text=f"within the {b:g}% budget: the interval [{lo:+.2f}, {hi:+.2f}]% lies under it "
+                                              f"(and the one the guard acts on, [{dlo:+.2f}, {dhi:+.2f}]%)")
+        elif lo > b or hi < b:  # the 95% interval decides; the wider one the guard acts on not yet
+            side = "above" if lo > b else "under"
+            nxt = next((k for k in LOOKS if k > n), None)
+            out.update(verdict="unresolved", pairs_needed=nxt, iterations_needed=None if nxt is None else nxt * per_pair,
+                       text=f"the interval [{lo:+.2f}, {hi:+.2f}]% lies {side} the {b:g}% budget, but the one the guard acts "
+                            f"on ([{dlo:+.2f}, {dhi:+.2f}]%, allowing for its repeated looks) does not yet"
+                            + (f"; next look at {nxt} pairs" if nxt else ""))
         else:
-            need = pairs_to_resolve(n, m, lo, hi, self.budget_pct)
+            need = pairs_to_resolve(n, m, lo, hi, b)
             more = ("no number of pairs would: the mean sits on the budget" if need is None else
                     f"about {need} pairs ({need * per_pair} iterations) at this spread would resolve a difference of "
-                    f"{abs(m - self.budget_pct):.2f} points")
+                    f"{abs(m - b):.2f} points")
             out.update(verdict="unresolved", pairs_needed=need, iterations_needed=None if need is None else need * per_pair,
-                       text=f"cannot resolve the {self.budget_pct:g}% budget at this noise: the interval [{lo:+.2f}, {hi:+.2f}]% "
+                       text=f"cannot resolve the {b:g}% budget at this noise: the interval [{lo:+.2f}, {hi:+.2f}]% "
                             f"spans it (pair spread {sd:.2f} points over {n} pairs); {more}")
         return out
 
     def _decide(self, iteration: int) -> dict | None:
+        n = len(self.pairs)
+        if n not in LOOKS and not (n > LOOKS[-1] and n % LOOKS[-1] == 0):
+            return None  # acts only at its looks (decision_interval); past the last, every 48 pairs (its window anew)
         v = self.verdict()
         iv = self.interval()
         if v["verdict"] == "over" and v["pairs"] >= self.min_pairs and self.level + 1 < len(LADDER):

@@ -40,7 +40,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 from flowride.files import write_json_atomic
@@ -166,29 +165,28 @@ class Manager:
 
     # ------------------------------------------------------------------ scheduling
     def _fill(self, stage: int) -> str | None:
-        """Inside a bubble and no task running there: start the best one that fits what is left
-        of it (its predicted end less the margin its type's spread asks for). Returns why none
-        started (None: one did, or one runs already)."""
+        """Inside a bubble and no task running there: start the best one whose next step fits what
+        is left of it, with the fit factor widened by its type's spread (fitting.BubbleMargins).
+        Returns why none started (None: one did, or one runs already)."""
         ev = self.bubble.get(stage)
         if ev is None or stage in self.running_on:
             return None
         if not self.harvesting:
             return "harvesting was off (the training's own off block of a paired measurement)"
-        end = self.margins.end_for(ev)
         now = time.monotonic()
-        if end is None or end <= now:
-            return "the bubble had ended (its predicted end less the margin) when it was seen"
+        if ev.predicted_end is None or ev.predicted_end <= now:
+            return "the bubble had ended (its predicted end) when it was seen"
         why = self._guard_why(ev)
         if why:
             return why
-        ev = replace(ev, predicted_end=end)
-        cands = candidates(self.live.values(), stage, ev, now, self._factor())
+        factor = self._factor() / self.margins.shrink(ev.type)
+        cands = candidates(self.live.values(), stage, ev, now, factor)
         if self.guard is not None and self.guard.setting.skip_overrunning:
             cands = [c for c in cands if not _overran(c.steps, c.overruns)]
         if not cands:
-            return why_none(self.live.values(), stage, ev, now, self._factor())
+            return why_none(self.live.values(), stage, ev, now, factor)
         self.type_of[cands[0].rec.id] = ev.type
-        self._start(cands[0], stage, end)
+        self._start(cands[0], stage, ev.predicted_end, factor)
         return None
 
     # ------------------------------------------------------------------ the budget guard
@@ -232,7 +230,7 @@ class Manager:
             for t in list(self.live.values()):
                 self._pause(t)
 
-    def _start(self, live: Live, stage: int, until: float) -> None:
+    def _start(self, live: Live, stage: int, until: float, factor: float | None = None) -> None:
         if live.home is None and live.stage != stage:
             live.move(stage, self.opts.pin)
         live.running = True
@@ -240,7 +238,7 @@ class Manager:
         self.running_on[live.stage] = live
         self._set_state(live, TaskState.RUNNING)
         if live.kind == "iterative":
-            live.send({"cmd": "run", "until": until, "need_s": live.need_s(self._factor())})
+            live.send({"cmd": "run", "until": until, "need_s": live.need_s(factor or self._factor())})
         else:
             live.send_signal(signal.SIGCONT)
 
