@@ -89,9 +89,12 @@ class GapPredictor:
     ends, and on the training step one pass over its waits is all the observer can afford.
     """
 
-    def __init__(self, window: int = 5, lean: float = 0.1) -> None:
+    def __init__(self, window: int = 5, lean: float = 0.1, mode: str = "auto") -> None:
+        if mode not in ("auto", "pace", "plain"):
+            raise ValueError("mode must be auto (the better per key), pace or plain")
         self.window = window
         self.lean = lean
+        self.mode = mode
         self.seen: dict[str, deque[float]] = {}  # key -> normalized lengths (seconds at the typical pace)
         self.offsets: dict[str, deque[float]] = {}  # key -> normalized start in the iteration (seconds)
         self.raw: dict[str, deque[float]] = {}  # key -> lengths as measured
@@ -112,7 +115,7 @@ class GapPredictor:
                 return None
             offs = self.offsets.get(key)
             sc = self.score.get(key)
-            wins = sc is not None and len(sc) >= 3 and _median(sc) < 0.0
+            wins = (self.mode == "pace" or self.mode == "auto" and sc is not None and len(sc) >= 3 and _median(sc) < 0.0)
             m = self._med[key] = (_median(hist), _median(offs) + self.tau if offs else None, _median(self.raw[key]), wins)
         return m
 
