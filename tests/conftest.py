@@ -5,8 +5,13 @@ fixed, derandomized set the default ``ci`` profile runs.
 """
 
 import os
+import sys
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+TESTS = str(Path(__file__).resolve().parent)
 
 settings.register_profile(
     "ci",
@@ -25,3 +30,11 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+
+
+@pytest.fixture
+def fake_tasks_importable(monkeypatch):
+    """Side-task processes import the fake tasks from tests/ (harvest_fixtures)."""
+    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if TESTS not in sys.path:
+        monkeypatch.syspath_prepend(TESTS)

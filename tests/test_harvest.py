@@ -27,11 +27,8 @@ FAKE = "harvest_fixtures.fake_tasks"
 
 
 @pytest.fixture(autouse=True)
-def fixtures_importable(monkeypatch):
-    """Side-task processes import the fake tasks from tests/."""
-    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    if TESTS not in sys.path:
-        monkeypatch.syspath_prepend(TESTS)
+def _fake_tasks(fake_tasks_importable):
+    """Every test here may start side-task processes that import tests/harvest_fixtures."""
 
 
 def start_manager(run_dir: Path, stages: int, mode: str, profiles: dict, **opts):

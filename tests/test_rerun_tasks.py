@@ -8,9 +8,7 @@ runs as they are unless asked (``--resume-leftovers``). Checked on the store dir
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import sys
 import time
 from pathlib import Path
 
@@ -38,11 +36,8 @@ COUNTER = "harvest_fixtures.fake_tasks:Counter"
 
 
 @pytest.fixture(autouse=True)
-def fixtures_importable(monkeypatch):
-    """Side-task processes import the fake tasks from tests/."""
-    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    if TESTS not in sys.path:
-        monkeypatch.syspath_prepend(TESTS)
+def _fake_tasks(fake_tasks_importable):
+    """Every test here may start side-task processes that import tests/harvest_fixtures."""
 
 
 def _paused(store: TaskStore, tid: int) -> None:

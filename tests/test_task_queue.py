@@ -45,11 +45,8 @@ LEASE_S = 1.5  # short leases: a dead host's tasks come back within seconds
 
 
 @pytest.fixture(autouse=True)
-def fixtures_importable(monkeypatch):
-    """Side-task processes import the fake tasks from tests/."""
-    monkeypatch.setenv("PYTHONPATH", TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    if TESTS not in sys.path:
-        monkeypatch.syspath_prepend(TESTS)
+def _fake_tasks(fake_tasks_importable):
+    """Every test here may start side-task processes that import tests/harvest_fixtures."""
 
 
 # ----------------------------------------------------------------------- a PostgreSQL server
