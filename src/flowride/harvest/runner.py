@@ -56,8 +56,7 @@ def host_iterative(name: str, params: dict, ckpt: Path) -> int:
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "run":
-            # a pause asked before this run was read (a starved host reads its stdin late) still
-            # holds: the flag is cleared once the host has yielded, not when a run starts
+            _yield_now = False
             until, need = float(cmd["until"]), float(cmd["need_s"])
             left = int(cmd.get("max_steps", -1))  # a probe runs a few steps whatever the time
             while not task.finished() and not _yield_now and until - time.monotonic() > need and left != 0:
@@ -65,7 +64,6 @@ def host_iterative(name: str, params: dict, ckpt: Path) -> int:
                 t0 = time.monotonic()
                 units = float(task.step())
                 _emit({"ev": "step", "t0": t0, "t1": time.monotonic(), "units": units})
-            _yield_now = False
             _emit({"ev": "yield", "finished": task.finished()})
         elif cmd["cmd"] == "checkpoint":
             _save(ckpt, task.state())

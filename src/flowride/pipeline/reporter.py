@@ -197,7 +197,8 @@ class GapPredictor:
         self.observe_iteration([(k, float(v), None) for k, v in lengths.items()], None)
 
     def medians(self) -> dict[str, float]:
-        return {k: statistics.median(v) for k, v in self.seen.items() if v}
+        """Each key's median length as measured (what a saved profile holds)."""
+        return {k: statistics.median(v) for k, v in self.raw.items() if v}
 
 
 class BubbleReporter:
@@ -341,8 +342,8 @@ class BubbleReporter:
                 if w.announced and w.predicted_s is not None and w.seconds > 0]
 
     def profile(self) -> dict[str, float]:
-        """Learned median length per key at the typical pace (reusable as ``profile=`` in a later
-        run); the last iteration's waits are learned first."""
+        """Learned median length per key, as measured (reusable as ``profile=`` in a later run);
+        the last iteration's waits are learned first."""
         if self._pending:
             self.predictor.observe_iteration(self._pending, None)
             self._pending = []
