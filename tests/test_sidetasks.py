@@ -84,7 +84,8 @@ def test_unknown_task_lists_the_known_names_sorted() -> None:
     with pytest.raises(InputError) as e:
         make_task("no-such-task")
     assert e.value.field == "task"
-    assert e.value.fix == "choose one of cnn, image, image-proc, pagerank, sssp or module:Class"
+    assert e.value.fix == ("choose one of cnn, gpu-cnn, gpu-image, gpu-pagerank, gpu-sssp, gpu-transformer, image, image-proc, "
+                           "pagerank, sssp or module:Class")
 
 
 def test_builtins_are_declared_as_entry_points() -> None:

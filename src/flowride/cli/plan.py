@@ -109,6 +109,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
     rep = pl.report()
     if a.json:
         write_json_atomic(a.json, rep, indent=1)
+    if a.stand_ins:  # the plan's per-stage action times, for flowride train --rehearse --stand-in
+        write_json_atomic(a.stand_ins, {"job": job.name, **pl.ours.stand_ins()}, indent=1)
     if a.timeline:
         from flowride.plan.draw import write_png
 
@@ -130,6 +132,8 @@ def add_plan(sub) -> None:
     pl.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2", help="rank configurations, e.g. pp=4,8,16 microbatches=8,16 schedule=1f1b,zbv")
     pl.add_argument("--json", type=out_file, help="write the report (or the sweep's rows) as JSON here")
     pl.add_argument("--timeline", type=out_file, help="write a PNG of one iteration here")
+    pl.add_argument("--stand-ins", type=out_file, help="write each stage's action times here, for a one-machine rehearsal "
+                    "(flowride train --rehearse STAGE --stand-in FILE)")
     pl.add_argument("--cache", help="the collective cache file (default ~/.cache/flowride/plan-collectives.json)")
     pl.add_argument("--no-cache", action="store_true", help="price every collective afresh and keep nothing")
     pl.add_argument("--no-synth", action="store_true", help="NCCL's modelled algorithms only (no synthesis)")

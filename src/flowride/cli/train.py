@@ -40,6 +40,7 @@ def _train_config(a: argparse.Namespace, iters: int | None = None):
         data=a.data, run_dir=a.run_dir, bubble_port=getattr(a, "bubble_port", None),
         profile=getattr(a, "bubble_profile", None), timeout_s=a.timeout, device=a.device, threads=a.threads,
         engine=a.engine.lower(), min_bubble_s=a.min_bubble,
+        rehearse_stage=getattr(a, "rehearse", None), stand_in=getattr(a, "stand_in", None) or "same",
     )
 
 
@@ -86,11 +87,23 @@ def _bubble_table(rep: dict) -> Table:
     t = Table(title=f"{rep['schedule']}: {rep['stages']} stages, {rep['microbatches']} micro-batches, {rep['model']} model")
     for c in ("stage", "type", "per iter", "median ms", "min ms", "free memory"):
         t.add_column(c, justify="right")
+    real = (rep.get("rehearsal") or {}).get("real_stage")
     for b in rep["bubbles"]:
-        if b["type"] == "S":
+        if b["type"] == "S" or (real is not None and b["stage"] != real):  # a rehearsal: the real stage's
             continue
         t.add_row(str(b["stage"]), b["type"], f"{b['count_per_iteration']:.0f}", f"{b['median_s'] * 1e3:.2f}",
                   f"{b['min_s'] * 1e3:.2f}", f"{b['free_memory_bytes'] / 2**30:.1f} GiB")
+    return t
+
+
+def _rehearsal_table(r: dict) -> Table:
+    """The rehearsal's real stage: its bubbles by type as planned from the measured times, and as measured."""
+    t = Table(title=f"rehearsal: stage {r['real_stage']} real, the others stand-ins ({r['stand_in']}); "
+                    f"planned bubble share {r['planned_bubble_fraction']:.3f}")
+    for c in ("type", "planned ms/iter", "measured ms/iter"):
+        t.add_column(c, justify="right")
+    for typ in sorted(set(r["planned_by_type_s"]) | set(r["measured_by_type_s"])):
+        t.add_row(typ, f"{r['planned_by_type_s'].get(typ, 0.0) * 1e3:.1f}", f"{r['measured_by_type_s'].get(typ, 0.0) * 1e3:.1f}")
     return t
 
 
@@ -129,6 +142,8 @@ def cmd_train(a: argparse.Namespace) -> int:
     if a.trace:
         write_trace(res.ranks, res.gaps, a.trace, side_steps=side_steps)
     console.print(_bubble_table(rep))
+    if rep.get("rehearsal"):
+        console.print(_rehearsal_table(rep["rehearsal"]))
     if rep.get("harvest_mode", "none") != "none":
         console.print(_harvest_table(rep))
         if "tasks_by_origin" in rep:  # which tasks ran and where each came from (harvest/rerun.py)
@@ -196,8 +211,11 @@ def _train_harvesting(a: argparse.Namespace, cfg, tasks: list[str], mode: str):
                                         bubble_profile=a.bubble_profile, store=store, on_stage=on_stage,
                                         on_progress=on_progress, resume_leftovers=a.resume_leftovers)
             else:
+                from flowride.ranks import pick_device
+
+                side = "cuda" if pick_device(cfg.device, field="--device") == "cuda" else "cpu"  # side tasks on the training's device
                 c = compare(cfg, mode, tasks, paired_block=a.paired_block, baseline_report=base_rep, p_ref=a.price_ref,
-                            p_main=a.price_main, budget_pct=a.budget, bubble_profile=a.bubble_profile,
+                            p_main=a.price_main, side_device=side, budget_pct=a.budget, bubble_profile=a.bubble_profile,
                             on_stage=on_stage, on_progress=on_progress, guard=a.guard == "on", store=store,
                             resume_leftovers=a.resume_leftovers)
         except (TrainingFailed, ManagerUnavailable) as e:
@@ -277,6 +295,12 @@ def add_train(sub) -> None:
     """``flowride train``."""
     tr = sub.add_parser("train", help="pipeline-parallel training that reports its bubbles")
     train_args(tr, 20)
+    tr.add_argument("--rehearse", type=integer(0, MAX_STAGES, "a stage"), default=None, metavar="STAGE",
+                    help="a one-machine rehearsal: run only this stage for real (0 = first), the others as timed "
+                         "stand-ins on the CPU; side tasks fill the real stage's bubbles (docs/harvest.md)")
+    tr.add_argument("--stand-in", default=None, help="with --rehearse, the stand-ins' action times: same (default: the real "
+                    "stage's own, measured in the warm-up), F=SECONDS,B=SECONDS[,W=SECONDS], or a JSON file "
+                    "(a stages list, flowride plan --stand-ins, or an earlier run's ranks.json)")
     tr.add_argument("--report", type=out_file, help="write the report JSON here")
     tr.add_argument("--timeline", type=out_file, help="write a timeline PNG here")
     tr.add_argument("--trace", type=out_file, help="write a Chrome trace JSON here")

@@ -46,6 +46,7 @@ class Live:
     units: float = 0.0
     busy_s: float = 0.0
     overruns: int = 0
+    pauses_sent: int = 0  # SIGUSR1 sent to an iterative host; each run command carries the count
     overrun_s: float = 0.0
     running: bool = False
     ready: bool = False
@@ -99,6 +100,8 @@ class Live:
             pass
 
     def send_signal(self, sig: int) -> None:
+        if sig == signal.SIGUSR1:
+            self.pauses_sent += 1
         try:
             os.kill(self.proc.pid, sig)
         except ProcessLookupError:

@@ -130,7 +130,9 @@ class Manager:
         limits = Limits(
             memory_mb=rec.memory_limit_mb or self.opts.default_memory_mb,
             low_priority=self.mode != "naive",
-            cores=stage_cores(stage) if self.opts.pin else None,
+            # a GPU task is not pinned to its stage's core: the training thread spins there in CUDA
+            # syncs, and an idle-priority host on it learned its kernels were done ~200 ms late (H200)
+            cores=stage_cores(stage) if self.opts.pin and not cuda else None,
             cuda=cuda,
             cuda_device=(stage % max(1, self.gpus)) if cuda else None,
             mps_thread_percentage=self.opts.mps_thread_percentage if self.mps else None,
@@ -232,13 +234,13 @@ class Manager:
 
     def _start(self, live: Live, stage: int, until: float, factor: float | None = None) -> None:
         if live.home is None and live.stage != stage:
-            live.move(stage, self.opts.pin)
+            live.move(stage, self.opts.pin and self.opts.device == "cpu")
         live.running = True
         live.bubble_end = until
         self.running_on[live.stage] = live
         self._set_state(live, TaskState.RUNNING)
         if live.kind == "iterative":
-            live.send({"cmd": "run", "until": until, "need_s": live.need_s(factor or self._factor())})
+            live.send({"cmd": "run", "until": until, "need_s": live.need_s(factor or self._factor()), "pauses": live.pauses_sent})
         else:
             live.send_signal(signal.SIGCONT)
 
@@ -272,7 +274,8 @@ class Manager:
                 # no profile: learn the step time from a few steps at idle priority (on CPU the
                 # host only gets a core the stage leaves idle) instead of guessing
                 live.probing = True
-                live.send({"cmd": "run", "until": time.monotonic() + 3600, "need_s": 0.0, "max_steps": PROBE_STEPS})
+                live.send({"cmd": "run", "until": time.monotonic() + 3600, "need_s": 0.0, "max_steps": PROBE_STEPS,
+                           "pauses": live.pauses_sent})
         elif kind == "step":
             live.steps += 1
             live.units += float(ev["units"])
@@ -287,8 +290,11 @@ class Manager:
                 counts = self.type_steps.setdefault(self.type_of[live.rec.id], [0, 0])
                 counts[0] += 1
                 counts[1] += over > 0
-            rec = {"stage": live.stage, "task": live.rec.id, "name": live.rec.name, "t0": ev["t0"],
-                   "t1": ev["t1"], "units": ev["units"], "overrun_s": over}
+            rec = {"stage": live.stage, "task": live.rec.id, "name": live.rec.name, "t0": ev["t0"], "t1": ev["t1"],
+                   "units": ev["units"], "overrun_s": over, "type": self.type_of.get(live.rec.id), "gpu_s": ev.get("gpu_s"),
+                   # the device's view: its kernels began at t0 (the GPU idles in a bubble) and ran gpu_s
+                   "gpu_overrun_s": (max(0.0, ev["t0"] + ev["gpu_s"] - live.bubble_end) if self.mode == "freeride" and
+                                     ev.get("gpu_s") is not None and live.bubble_end is not None else None)}
             self.steps_file.write(json.dumps(rec) + "\n")
         elif kind == "yield":
             live.running = False

@@ -4,7 +4,12 @@ Iterative tasks: the worker sends ``{"cmd": "run", "until": T, "need_s": s}``; t
 steps while the time left before T exceeds ``need_s`` (the profiled step time x 1.2), reporting
 each step, then yields (``"max_steps": n`` stops after n steps: the manager's probe of an
 unprofiled task). SIGUSR1 means "the stage needs its core back": the host yields after the
-step in progress. ``{"cmd": "checkpoint"}`` pickles ``task.state()`` to the checkpoint file.
+step in progress. A task on a GPU is synchronised after each step, so a step's end is when
+the GPU is free again (what a bubble's end must wait for), and its device time between two CUDA
+events is reported beside it. The run command carries ``"pauses"``, how many SIGUSR1 the worker had sent
+before it: a pause that arrives before the host has read its run command (the bubble ended early)
+counts above that number and still stops the run, while a late pause meant for an earlier run
+does not. ``{"cmd": "checkpoint"}`` pickles ``task.state()`` to the checkpoint file.
 
 Imperative tasks: the host calls ``main(params, checkpoint_path)`` and the worker pauses and
 resumes the whole process with SIGSTOP / SIGCONT; SIGTERM asks it to save and exit.
@@ -21,12 +26,12 @@ from pathlib import Path
 
 from flowride.files import write_with
 
-_yield_now = False
+_pauses_seen = 0  # SIGUSR1 received so far (a count, not a flag: see the module's docstring)
 
 
 def _on_usr1(signum, frame) -> None:
-    global _yield_now
-    _yield_now = True
+    global _pauses_seen
+    _pauses_seen += 1
 
 
 def _emit(obj: dict) -> None:
@@ -39,7 +44,6 @@ def _save(path: Path, state: dict) -> None:
 
 
 def host_iterative(name: str, params: dict, ckpt: Path) -> int:
-    global _yield_now
     from flowride.harvest.limits import apply_cuda_memory_cap
     from flowride.harvest.task import make_task
 
@@ -52,18 +56,30 @@ def host_iterative(name: str, params: dict, ckpt: Path) -> int:
     if ckpt.exists():
         with open(ckpt, "rb") as f:
             task.load_state(pickle.load(f))
+    torch = sys.modules.get("torch")  # a task that put work on a GPU has initialised CUDA by now
+    gpu = torch.cuda if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized() else None
     _emit({"ev": "ready", "finished": task.finished(), "unit": task.unit})
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["cmd"] == "run":
-            _yield_now = False
+            before = int(cmd.get("pauses", _pauses_seen))  # pauses sent before this run
             until, need = float(cmd["until"]), float(cmd["need_s"])
             left = int(cmd.get("max_steps", -1))  # a probe runs a few steps whatever the time
-            while not task.finished() and not _yield_now and until - time.monotonic() > need and left != 0:
+            while not task.finished() and _pauses_seen <= before and until - time.monotonic() > need and left != 0:
                 left -= 1
                 t0 = time.monotonic()
+                if gpu is None:
+                    units = float(task.step())
+                    _emit({"ev": "step", "t0": t0, "t1": time.monotonic(), "units": units})
+                    continue
+                # a GPU step ends when its kernels have, not when the launches return: t1 is
+                # when the GPU is free again, gpu_s the device time between the step's events
+                e0, e1 = gpu.Event(enable_timing=True), gpu.Event(enable_timing=True)
+                e0.record()
                 units = float(task.step())
-                _emit({"ev": "step", "t0": t0, "t1": time.monotonic(), "units": units})
+                e1.record()
+                e1.synchronize()
+                _emit({"ev": "step", "t0": t0, "t1": time.monotonic(), "units": units, "gpu_s": e0.elapsed_time(e1) / 1e3})
             _emit({"ev": "yield", "finished": task.finished()})
         elif cmd["cmd"] == "checkpoint":
             _save(ckpt, task.state())

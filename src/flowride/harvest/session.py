@@ -25,7 +25,7 @@ from flowride.harvest.cost import harvest_efficiency, savings
 from flowride.harvest.manager_files import ManagerOptions
 from flowride.harvest.profile import profile_task
 from flowride.harvest.rerun import by_origin, prepare_run, runs
-from flowride.harvest.stats import paired_overhead
+from flowride.harvest.stats import gpu_step_medians, overrun_by_type, paired_overhead
 from flowride.harvest.stores import open_store
 from flowride.harvest.supervise import ManagerProcess, ManagerUnavailable
 from flowride.harvest.task import ImperativeSpec, resolve
@@ -43,14 +43,21 @@ JOB_PARAMS: dict[str, dict] = {
     "cnn": {"total_steps": 10**7},
     "image": {"total_batches": 10**7},
     "image-proc": {"total_batches": 10**7},
+    "gpu-cnn": {"total_steps": 10**7},
+    "gpu-transformer": {"total_steps": 10**7},
+    "gpu-pagerank": {"tol": 0.0, "max_sweeps": 10**7},
+    "gpu-sssp": {"max_sweeps": 10**7},
+    "gpu-image": {"total_batches": 10**7},
 }
-CUDA_CAPABLE = frozenset({"cnn"})  # built-ins that compute on a GPU when side tasks run on CUDA
+# built-ins that compute on a GPU when side tasks run on CUDA (and on the CPU otherwise: the gpu-*
+# tasks' own default, "auto", would take a GPU that training on the CPU left free)
+CUDA_CAPABLE = frozenset({"cnn", "gpu-cnn", "gpu-transformer", "gpu-pagerank", "gpu-sssp", "gpu-image"})
 
 
 def job_params(name: str, device: str = "cpu") -> dict:
     params = dict(JOB_PARAMS.get(name, {}))
-    if device == "cuda" and name in CUDA_CAPABLE:
-        params["device"] = "cuda"
+    if name in CUDA_CAPABLE:
+        params["device"] = "cuda" if device == "cuda" else "cpu"
     return params
 
 
@@ -214,10 +221,12 @@ def harvest_report(base_rep: dict | None, rep: dict, record: dict, mode: str, pr
     )
     side: dict[str, dict] = {}
     outside = 0
+    inside: list[dict] = []
     for st in record.get("steps", []):
         if not _in_windows(st["t0"], counted):
             outside += 1
             continue  # only work done while (harvesting) training ran counts
+        inside.append(st)
         d = side.setdefault(str(st["task"]), {"name": st["name"], "steps": 0, "units": 0.0, "busy_s": 0.0, "overruns": 0, "overrun_s": 0.0})
         d["steps"] += 1
         d["units"] += st["units"]
@@ -246,6 +255,9 @@ def harvest_report(base_rep: dict | None, rep: dict, record: dict, mode: str, pr
         "bubbles_unused_examples": (record.get("bubbles") or {}).get("unused_examples"),
         "bubble_fit_margins": (record.get("bubbles") or {}).get("prediction_by_type"),
         "bubble_seconds": bubble,
+        # how late the side task left the device after the bubble's predicted end, per bubble type
+        "overrun_by_type": overrun_by_type(inside),
+        "gpu_step_s": gpu_step_medians(inside),
         "cost": savings(t_v, t_f, dedicated, p_ref, p_main),
         "losses_identical": (rep["losses"] == base_rep["losses"]) if base_rep is not None else None,
         "failures": record.get("failures", []),

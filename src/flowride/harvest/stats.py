@@ -12,6 +12,7 @@ pooled unpaired figure ``median(on) / median(off) - 1`` with its own bootstrap i
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 import numpy as np
@@ -98,3 +99,34 @@ def paired_overhead(times: Sequence[float], harvest: Sequence[bool | None], bloc
         "sd_pct": float(np.std(per, ddof=1)),
         "noise_floor": noise_floor(times, harvest, block, resamples, seed),
     }
+
+
+def overrun_by_type(steps: list[dict]) -> dict[str, dict]:
+    """Per bubble type, of the side steps run in it: how many, how many ended after the bubble's
+    predicted end, and by how much (median, 90th percentile, largest, in seconds). On a GPU a
+    step ends when its kernels have (the host synchronises), so this is how late the device was
+    freed for the next compute action."""
+    by: dict[str, list[dict]] = {}
+    for st in steps:
+        by.setdefault(str(st.get("type") or "?"), []).append(st)
+    out = {}
+    for typ, sts in sorted(by.items()):
+        late = [float(st["overrun_s"]) for st in sts if (st.get("overrun_s") or 0) > 0]
+        out[typ] = {"steps": len(sts), "overruns": len(late),
+                    "median_s": statistics.median(late) if late else 0.0,
+                    "p90_s": float(np.percentile(late, 90)) if late else 0.0, "max_s": max(late, default=0.0)}
+        gpu = [float(st["gpu_overrun_s"]) for st in sts if st.get("gpu_overrun_s") is not None]
+        if gpu:  # the host can learn late that its kernels are done (a starved core): the device's own view
+            gl = [v for v in gpu if v > 0]
+            out[typ].update({"gpu_overruns": len(gl), "gpu_median_s": statistics.median(gl) if gl else 0.0,
+                             "gpu_max_s": max(gl, default=0.0)})
+    return out
+
+
+def gpu_step_medians(steps: list[dict]) -> dict[str, float]:
+    """Median device time of a step (CUDA events) per side task, where its steps ran on a GPU."""
+    by: dict[str, list[float]] = {}
+    for st in steps:
+        if st.get("gpu_s") is not None:
+            by.setdefault(str(st["name"]), []).append(float(st["gpu_s"]))
+    return {k: statistics.median(v) for k, v in sorted(by.items())}

@@ -46,8 +46,11 @@ def iteration_gaps(rank_rec: dict, it_rec: dict) -> tuple[list[Gap], float, floa
     return gaps, busy, it_rec["end"] - it_rec["start"]
 
 
-def analyse(ranks: list[dict], warmup: int) -> dict:
-    """Bubble statistics of a run (iterations before ``warmup`` left out when others remain)."""
+def analyse(ranks: list[dict], warmup: int, harvested: set[int] | None = None) -> dict:
+    """Bubble statistics of a run (iterations before ``warmup`` left out when others remain).
+
+    ``harvested``: the stages whose idle counts as bubbles side work could use (a rehearsal's
+    real stage; None: every stage); the idle sums and the measured fraction cover only those."""
     per_stage = []
     stats: dict[tuple[int, str], list[float]] = {}
     free: dict[int, list[int]] = {}
@@ -62,7 +65,8 @@ def analyse(ranks: list[dict], warmup: int) -> dict:
         fracs = []
         for k, it in enumerate(measured):
             gaps, busy, total = iteration_gaps(rr, it)
-            iter_idle[k] = iter_idle.get(k, 0.0) + max(0.0, total - busy)
+            if harvested is None or rr["rank"] in harvested:
+                iter_idle[k] = iter_idle.get(k, 0.0) + max(0.0, total - busy)
             all_gaps.extend(gaps)
             fracs.append(max(0.0, 1.0 - busy / total) if total > 0 else 0.0)
             for g in gaps:
@@ -73,6 +77,7 @@ def analyse(ranks: list[dict], warmup: int) -> dict:
                 iter_harvest.append(it.get("harvest"))
                 iter_windows.append((it["start"], it["end"]))
         per_stage.append(float(np.mean(fracs)) if fracs else 0.0)
+    counted = [f for r, f in enumerate(per_stage) if harvested is None or r in harvested]
     n_iters = max(1, len(iter_times))
     bubbles = []
     for (stage, typ), vals in sorted(stats.items()):
@@ -89,7 +94,7 @@ def analyse(ranks: list[dict], warmup: int) -> dict:
         })
     return {
         "bubble_fraction_per_stage": per_stage,
-        "bubble_fraction_measured": float(np.mean(per_stage)) if per_stage else 0.0,
+        "bubble_fraction_measured": float(np.mean(counted)) if counted else 0.0,
         "iteration_time_s": float(np.median(iter_times)) if iter_times else 0.0,
         "iteration_times_s": iter_times,
         "iteration_harvest": iter_harvest,  # per measured iteration: harvesting on/off (paired runs), else None

@@ -53,6 +53,9 @@ class TrainConfig:
     paired_seed: int = 0
     # one pair in this many runs training alone in both blocks (an A/A pair: the noise floor); 0: none
     paired_aa_every: int = 5
+    # a one-machine rehearsal (flowride.pipeline.rehearsal): this stage real, the others stand-ins
+    rehearse_stage: int | None = None
+    stand_in: str = "same"  # the stand-ins' action times: same | F=s,B=s,W=s | a JSON file
 
     def __post_init__(self) -> None:
         if self.engine == "auto":
@@ -89,6 +92,15 @@ class TrainConfig:
             need = self.warmup_iters + 2 * n_pairs * self.paired_block
             raise InputError("--iters", f"{self.iters} iterations hold fewer than 2 pairs of on/off blocks of {self.paired_block} "
                              f"after {self.warmup_iters} warm-up iterations", f"give --iters {need} or more, or --paired-block 0")
+        if self.stand_in != "same" and self.rehearse_stage is None:
+            raise InputError("--stand-in", "stand-in times without a rehearsal", "add --rehearse STAGE, or leave --stand-in out")
+        if self.rehearse_stage is not None:
+            from flowride.pipeline.rehearsal import parse_stand_in
+
+            if not isinstance(self.rehearse_stage, int) or not 0 <= self.rehearse_stage < self.stages or self.stages < 2:
+                raise InputError("--rehearse", f"stage {self.rehearse_stage!r} is not one of the {self.stages} stages",
+                                 f"give 0 (first) to {self.stages - 1} (last), with --stages 2 or more")
+            parse_stand_in(self.stand_in, self.stages)
         if self.engine not in ENGINES:
             raise InputError("--engine", f"unknown engine {self.engine!r}", f"use auto or one of {', '.join(ENGINES)}")
         if self.engine == "torch":

@@ -36,6 +36,9 @@ PRESETS: dict[str, GPTConfig] = {
     # Bubbles of 0.1-0.5 s per stage on a 2-core CPU at p=2, m=4 (FreeRide measured 0.22-1.04 s on
     # GPUs), so a side task's 10-20 ms step is a realistic fit. Used by the harvest benchmarks.
     "large": GPTConfig(vocab_size=1024, seq_len=256, n_layer=12, n_head=8, d_model=384),
+    # FreeRide's smallest model (1.2B parameters): for one GPU stage of a rehearsal
+    # (benchmarks/gpu_harvest.py); far too big for a CPU run
+    "gpt-1.2b": GPTConfig(vocab_size=8192, seq_len=1024, n_layer=24, n_head=16, d_model=2048),
 }
 
 

@@ -23,6 +23,7 @@ from flowride.files import read_json
 from flowride.pipeline.bubbles import Gap, analyse, iteration_gaps
 from flowride.pipeline.config import TrainConfig
 from flowride.pipeline.launch import TrainingFailed, launch
+from flowride.pipeline.rehearsal import rehearsal_report
 from flowride.pipeline.reporter import PROFILE_SCHEMA
 from flowride.pipeline.schedules import theoretical_bubble_fraction
 from flowride.ranks import leave_process_group
@@ -40,7 +41,8 @@ class TrainResult:
 
     def report(self) -> dict:
         cfg = self.config
-        last = max(self.ranks, key=lambda r: max(r["chunks"]))
+        last = (self.ranks[cfg.rehearse_stage] if cfg.rehearse_stage is not None  # the real stage's loss
+                else max(self.ranks, key=lambda r: max(r["chunks"])))
         losses = [it["loss"] for it in last["iterations"]]
         a = self.analysis
         return {
@@ -70,6 +72,8 @@ class TrainResult:
             "iteration_windows": a["iteration_windows"],
             "iteration_idle_s": a["iteration_idle_s"],
             # every timestamp above is on rank 0's clock: each rank's offset and its bound
+            "rehearsal": (None if cfg.rehearse_stage is None else
+                          rehearsal_report(cfg, self.ranks, a["bubbles"], min(cfg.warmup_iters, max(0, cfg.iters - 1)))),
             "clock_offsets": [{"rank": r["rank"], "host": r.get("host"), **{k: r["clock"][k] for k in ("offset_s", "error_s", "rtt_s")}}
                               for r in self.ranks if "clock" in r],
         }
@@ -110,6 +114,8 @@ class TrainResult:
         """Idle seconds summed over stages and every iteration of the run."""
         total = 0.0
         for rr in self.ranks:
+            if self.config.rehearse_stage is not None and rr["rank"] != self.config.rehearse_stage:
+                continue  # a stand-in's idle is nobody's to harvest
             for it in rr["iterations"]:
                 _, busy, span = iteration_gaps(rr, it)
                 total += max(0.0, span - busy)
@@ -146,7 +152,8 @@ def assemble(cfg: TrainConfig, ranks: list[dict]) -> TrainResult:
     """The result of a run from its ranks' records, however they arrived (rank files read by the
     launcher, or gathered over torch.distributed): every timestamp already on rank 0's clock."""
     ranks = sorted(ranks, key=lambda r: r["rank"])
-    return TrainResult(cfg, ranks, analyse(ranks, min(cfg.warmup_iters, max(0, cfg.iters - 1))))
+    real = None if cfg.rehearse_stage is None else {cfg.rehearse_stage}
+    return TrainResult(cfg, ranks, analyse(ranks, min(cfg.warmup_iters, max(0, cfg.iters - 1)), real))
 
 
 def train(cfg: TrainConfig, on_progress: Callable[[dict], None] | None = None, **launch_kw) -> TrainResult:

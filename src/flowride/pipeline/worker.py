@@ -22,6 +22,7 @@ also leaves its own ``rank{r}.json`` on its node, a local copy for inspection th
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -41,10 +42,13 @@ from flowride.pipeline.events import BubblePublisher
 from flowride.pipeline.model import build_pieces, loss_fn, preset
 from flowride.pipeline.reporter import BubbleReporter
 from flowride.pipeline.schedules import build_schedule, gap_types
+from flowride.pipeline.wire import GRAD, Wire
 from flowride.ranks import check_world, pick_device, rank_and_world
 
 
-def _device(cfg: TrainConfig) -> torch.device:
+def _device(cfg: TrainConfig, rank: int) -> torch.device:
+    if cfg.rehearse_stage is not None and rank != cfg.rehearse_stage:
+        return torch.device("cpu")  # a stand-in
     if pick_device(cfg.device, field="--device") == "cuda":  # stages share the node's GPUs by LOCAL_RANK
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count()))
     return torch.device("cpu")
@@ -70,35 +74,34 @@ class StageRunner:
         self.reporter = reporter
         self.mcfg = preset(cfg.model)
         self.P = cfg.stages * cfg.chunks
-        self.mine = [j for j in range(self.P) if j % cfg.stages == rank]
+        if cfg.rehearse_stage is not None:  # torch's schedules too, through their action orders
+            from flowride.pipeline.rehearsal import rehearsal_schedule
+
+            lists, owner = rehearsal_schedule(cfg)
+        else:
+            lists = build_schedule(cfg.schedule, cfg.stages, cfg.microbatches, cfg.chunks)
+            owner = {j: j % cfg.stages for j in range(self.P)}
+        self.mine = [j for j in range(self.P) if owner[j] == rank]
         self.pieces = {j: piece.to(self.dev) for j, piece in build_pieces(self.mcfg, self.P, cfg.seed, self.mine).items()}
         self.params = [p for j in self.mine for p in self.pieces[j].parameters()]
         self.opt = torch.optim.Adam(self.params, lr=cfg.lr)
-        self.instrs = build_schedule(cfg.schedule, cfg.stages, cfg.microbatches, cfg.chunks)[rank]
+        self.instrs = lists[rank]
         self.has_w = any(i.kind == "W" for i in self.instrs)
         self.gaps = gap_types(self.instrs)
         self.data = TokenSource(self.mcfg.vocab_size, self.mcfg.seq_len, cfg.seed, cfg.data)
         self.act_shape = (cfg.microbatch_size, self.mcfg.seq_len, self.mcfg.d_model)
-        self.local: dict[tuple, torch.Tensor] = {}  # same-rank hand-over (one stage)
+        # a rehearsal runs on gloo: the real stage's tensors cross through host memory
+        self.wire = Wire(rank, owner, cfg.microbatches, self.act_shape, dev,
+                         torch.device("cpu") if cfg.rehearse_stage is not None else dev)
+        self._send, self._recv = self.wire.send, self.wire.recv
+        # rehearsing a stage whose last chunk feeds a stand-in: the gradient that comes back is
+        # the stand-in's fixed one, and <output, that gradient> is the objective this stage
+        # descends, reported as its loss (identical with and without harvesting)
+        self.probe = None
+        if cfg.rehearse_stage is not None and self.P - 1 not in self.mine:
+            from flowride.pipeline.rehearsal import stand_in_tensor
 
-    # ------------------------------------------------------------------ communication
-    def _tag(self, kind: int, mb: int, j: int) -> int:
-        return (kind * self.cfg.microbatches + mb) * self.P + j
-
-    def _send(self, t: torch.Tensor, kind: int, mb: int, j: int, dst_chunk: int, pending: list) -> None:
-        dst = dst_chunk % self.cfg.stages
-        if dst == self.rank:
-            self.local[(kind, mb, j)] = t.detach().clone()
-        else:
-            pending.append(dist.isend(t.detach().contiguous(), dst, tag=self._tag(kind, mb, j)))
-
-    def _recv(self, kind: int, mb: int, j: int, src_chunk: int) -> torch.Tensor:
-        src = src_chunk % self.cfg.stages
-        if src == self.rank:
-            return self.local.pop((kind, mb, j))
-        buf = torch.empty(self.act_shape, device=self.dev)
-        dist.recv(buf, src, tag=self._tag(kind, mb, j))
-        return buf
+            self.probe = stand_in_tensor(self.act_shape, cfg.seed, GRAD).to(dev)
 
     # ------------------------------------------------------------------ one iteration
     def make_batch(self, it: int) -> torch.Tensor:
@@ -141,6 +144,8 @@ class StageRunner:
                     loss_sum += float(y.detach())
                 else:
                     self._send(y, 0, mb, j + 1, j + 1, pending)
+                    if self.probe is not None:
+                        loss_sum += float((y.detach() * self.probe).sum()) / m
                 inputs[(mb, j)], outputs[(mb, j)] = x, y
             elif ins.kind == "B":
                 g = None if j == self.P - 1 else self._recv(1, mb, j, j + 1)
@@ -172,11 +177,17 @@ class StageRunner:
         self.opt.zero_grad(set_to_none=True)
         t1 = time.monotonic()
         recs.append({"kind": "O", "mb": -1, "chunk": -1, "start": t0, "compute": t0, "end": t1})
-        return (loss_sum if self.P - 1 in self.mine else None), recs
+        return (loss_sum if self.P - 1 in self.mine or self.probe is not None else None), recs
 
 
 def _runner(cfg: TrainConfig, rank: int, world: int, dev: torch.device, reporter: BubbleReporter):
-    if cfg.engine == "torch":
+    if cfg.rehearse_stage is not None and rank != cfg.rehearse_stage:
+        from flowride.pipeline.rehearsal import StandInRunner, parse_stand_in
+
+        m = preset(cfg.model)
+        times = parse_stand_in(cfg.stand_in, cfg.stages)
+        return StandInRunner(cfg, rank, (cfg.microbatch_size, m.seq_len, m.d_model), None if times is None else times[rank], reporter)
+    if cfg.engine == "torch" and cfg.rehearse_stage is None:
         from flowride.pipeline.torch_engine import TorchStageRunner
 
         return TorchStageRunner(cfg, rank, world, dev, reporter)
@@ -215,15 +226,17 @@ def run_rank(cfg: TrainConfig, on_iteration: Callable[[dict], None] | None = Non
     if cfg.pin_cores:
         cpus = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cpus[int(os.environ.get("LOCAL_RANK", rank)) % len(cpus)]})
-    dev = _device(cfg)
+    dev = _device(cfg, rank)
+    rehearsal = cfg.rehearse_stage is not None
+    stand_in = rehearsal and rank != cfg.rehearse_stage  # announces nothing: side work goes to the real stage
     saved = _saved_lengths(cfg, rank)
-    reporter = BubbleReporter(rank, BubblePublisher(cfg.bubble_port), min_bubble_s=cfg.min_bubble_s,
+    reporter = BubbleReporter(rank, BubblePublisher(cfg.bubble_port), min_bubble_s=math.inf if stand_in else cfg.min_bubble_s,
                               warmup_iters=0 if saved else 1, profile=saved, device=dev.type)
-    backend = "nccl" if dev.type == "cuda" else "gloo"
+    backend = "nccl" if dev.type == "cuda" and not rehearsal else "gloo"  # a rehearsal mixes devices
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
-    clock = measure_offsets(clock=skewed_clock(rank), device=dev if dev.type == "cuda" else None)[rank]
+    clock = measure_offsets(clock=skewed_clock(rank), device=dev if backend == "nccl" else None)[rank]
     runner = _runner(cfg, rank, world, dev, reporter)
     run_dir = Path(cfg.run_dir)
     progress = run_dir / "progress.jsonl"
@@ -247,6 +260,15 @@ def run_rank(cfg: TrainConfig, on_iteration: Callable[[dict], None] | None = Non
             reporter.begin_iteration(it)  # closes the wait at the barrier
             loss, recs = runner.iteration(it, batch)
             reporter.idle("end", "C")  # until every stage is done: the next barrier's exit
+            if rehearsal and cfg.stand_in == "same" and it < cfg.warmup_iters:
+                # the stand-ins mirror the warm-up iterations' times (the first, cold one only
+                # until there are others), frozen after the warm-up
+                from flowride.pipeline.rehearsal import exchange_times, measured_times
+
+                warm = [r for x in (iters[1:] or iters) for r in x["records"]]
+                times = exchange_times(None if stand_in else measured_times(warm), cfg.rehearse_stage)
+                if stand_in:
+                    runner.times = times
             iters.append({"iteration": it, "start": t_start, "loss": loss, "records": recs,
                           "free_memory": reporter.free_memory, "harvest": None if blocks is None else blocks[it]})
             ev = {"iteration": it, "loss": loss, "seconds": time.monotonic() - t_start}
@@ -279,7 +301,7 @@ def run_rank(cfg: TrainConfig, on_iteration: Callable[[dict], None] | None = Non
         "lengths": reporter.profile(),
         "peak_cuda_bytes": peak,
     }
-    if cfg.engine == "torch":
+    if hasattr(runner, "observer"):
         out["plan_mismatches"] = runner.observer.plan_mismatches
     shift_record(out, -injected_skew(rank))  # the test hook: as if this host's clock read ahead
     shift_record(out, clock.offset_s)  # onto rank 0's clock
@@ -287,7 +309,7 @@ def run_rank(cfg: TrainConfig, on_iteration: Callable[[dict], None] | None = Non
     if cfg.save_params:
         state = runner.state_dicts()
         write_with(run_dir / f"rank{rank}.pt", lambda f: torch.save(state, f))
-    gathered = gather_to_rank0(out, rank, world, dev)
+    gathered = gather_to_rank0(out, rank, world, torch.device("cpu") if backend == "gloo" else dev)
     dist.barrier()  # every rank past the gather before any tears its connections down
     dist.destroy_process_group()
     return gathered

@@ -57,6 +57,20 @@ class Timeline:
     def ranks(self) -> int:
         return len(self.actions)
 
+    def stand_ins(self) -> dict:
+        """Each rank's median action time by kind, as ``flowride train --rehearse --stand-in FILE``
+        reads it (torch's input-gradient I and full B are the rehearsal's B; W stays W): a
+        one-machine rehearsal of this plan's bubbles."""
+        import statistics
+
+        stages = []
+        for tl in self.actions:
+            per: dict[str, list[float]] = {"F": [], "B": [], "W": []}
+            for s, e, a in tl:
+                per["B" if a.kind in ("B", "I") else a.kind].append(e - s)
+            stages.append({k: statistics.median(v) if v else 0.0 for k, v in per.items()})
+        return {"stages": stages}
+
     def bubble_s(self) -> list[float]:
         """Per rank: the iteration less its compute and exposed collectives. That is its gaps plus
         any measured host time around actions (a profile's ``action_overhead_s``), which a run's
