@@ -32,8 +32,9 @@ def _progress(status):
 
 def _breakdown(rep: dict) -> Table:
     p = rep["parallel"]
+    cp = f" cp {p['cp']}" if p.get("cp", 1) > 1 else ""
     t = Table(title=f"{rep['job']}: {rep['gpus']:,} GPUs ({rep['nodes']:,} x {rep['node']}, {rep['network']}), "
-                    f"tp {p['tp']} pp {p['pp']} dp {p['dp']}, {p['schedule']} v={p['virtual']} m={p['microbatches']}")
+                    f"tp {p['tp']}{cp} pp {p['pp']} dp {p['dp']}, {p['schedule']} v={p['virtual']} m={p['microbatches']}")
     t.add_column("")
     t.add_column("value", justify="right")
     sh = rep["shares"]
@@ -41,6 +42,8 @@ def _breakdown(rep: dict) -> Table:
     t.add_row("throughput", f"{rep['tokens_per_s']:,.0f} tokens/s")
     t.add_row("compute", f"{sh['compute']:.1%}")
     t.add_row("exposed TP communication", f"{sh['tp_comm']:.1%}")
+    if sh.get("cp_comm"):
+        t.add_row("exposed CP communication", f"{sh['cp_comm']:.1%}")
     t.add_row("exposed DP communication", f"{sh['dp_comm']:.1%}")
     t.add_row("bubbles", f"{sh['bubbles']:.1%} (per stage {min(s['bubble_share'] for s in rep['per_stage']):.1%}.."
                          f"{max(s['bubble_share'] for s in rep['per_stage']):.1%})")
@@ -60,6 +63,12 @@ def _breakdown(rep: dict) -> Table:
                                                 f"efficiency {eff}")
         c = h["cost"]
         t.add_row("savings (FreeRide)", f"{c['savings']:+.4f} = overhead {c['overhead_term']:+.4f} + value {c['value_term']:+.4f}")
+    mem = rep.get("memory")
+    if mem:
+        g = mem["per_gpu_gib"]
+        t.add_row("memory per GPU", f"{g['total']:.1f} of {mem['device_gib']:g} GiB at stage {mem['peak_stage']}: params "
+                                    f"{g['params']:.1f}, grads {g['grads']:.1f}, optimizer {g['optimizer']:.1f}, activations "
+                                    f"{g['activations']:.1f} ({mem['in_flight_microbatches']:.2f} micro-batches in flight)")
     t.add_row("planned in", f"{rep['plan_seconds']:.2f} s")
     t.caption = "assumptions: " + "; ".join(rep["assumptions"])
     return t
@@ -67,6 +76,7 @@ def _breakdown(rep: dict) -> Table:
 
 def cmd_plan(a: argparse.Namespace) -> int:
     from flowride.plan import DEFAULT_CACHE, Pricer, load_job, plan_job
+    from flowride.plan.memory import check_memory
     from flowride.plan.sweep import parse_sweep, ranked_by_value, sweep
 
     job = load_job(a.job)
@@ -104,6 +114,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
                       f"{r['harvest_value']:+.4f}", str(rank_v[id(p)]), f"{r['synthesis_saves_share']:.2%}")
         console.print(t)
         return 0
+    check_memory(job)  # one line, before any pricing, when the job does not fit its GPUs
     with err.status("[bold]plan[/bold]") as st:
         pl = plan_job(job, pricer, _progress(st))
     rep = pl.report()
@@ -129,7 +140,7 @@ def add_plan(sub) -> None:
     pl.add_argument("job", help="the job file (JSON or YAML): model, parallel, hardware, harvest (see docs/plan.md)")
     pl.add_argument("--profile", metavar="RUN_DIR", help="per-stage times measured by a flowride train (or profile-bubbles) run "
                     "in RUN_DIR instead of the FLOP model")
-    pl.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2", help="rank configurations, e.g. pp=4,8,16 microbatches=8,16 schedule=1f1b,zbv")
+    pl.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2", help="rank configurations, e.g. pp=4,8,16 microbatches=8,16 schedule=1f1b,zbv recompute=none,full")
     pl.add_argument("--json", type=out_file, help="write the report (or the sweep's rows) as JSON here")
     pl.add_argument("--timeline", type=out_file, help="write a PNG of one iteration here")
     pl.add_argument("--stand-ins", type=out_file, help="write each stage's action times here, for a one-machine rehearsal "

@@ -3,9 +3,9 @@
 A floor above ``synth``/``api`` (collectives priced on the fabric), ``pipeline`` (the schedules'
 actions and their simulator) and ``harvest`` (FreeRide's fit rule and cost formula); only the CLI
 imports it. :mod:`.job` the job file, :mod:`.costs` compute and bytes per micro-batch,
-:mod:`.comm` collectives priced and cached, :mod:`.iteration` the iteration simulated,
-:mod:`.harvestable` side work in the bubbles, :mod:`.price` the whole plan, :mod:`.sweep`
-configurations ranked, :mod:`.draw` the timeline.
+:mod:`.comm` collectives priced and cached, :mod:`.memory` memory per GPU, :mod:`.iteration`
+the iteration simulated, :mod:`.harvestable` side work in the bubbles, :mod:`.price` the whole
+plan, :mod:`.sweep` configurations ranked, :mod:`.draw` the timeline.
 """
 
 from flowride.plan.comm import DEFAULT_CACHE, Group, Priced, Pricer

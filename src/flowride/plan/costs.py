@@ -3,22 +3,31 @@ measured profile), and the bytes its collectives and transfers move.
 
 FLOPs per transformer layer and micro-batch, forward (Narayanan et al., SC'21, "Efficient
 large-scale language model training on GPU clusters using Megatron-LM", section 5.1, with the
-MLP width ``f`` instead of 4h): ``8bsh^2 + 4bshf + 4bs^2h``; the logit layer adds ``2bshV`` on the
-last stage. The backward is twice the forward, split (as Zero Bubble, Qi et al. ICLR 2024, takes
-it) into an input-gradient half I and a weight-gradient half W, each the forward's cost. Tensor
-parallelism divides the FLOPs by ``tp`` and adds, per layer, two all-reduces of ``bsh`` values in
-the forward and two in the backward (Megatron's f/g operators; with sequence parallelism a
-reduce-scatter and an all-gather of the same total volume). A stage hands the next one ``bsh``
-values per micro-batch (``bsh/tp`` per GPU with sequence parallelism). Data parallelism
-reduce-scatters the stage's gradients and all-gathers its parameters (the distributed optimizer)
-or all-reduces them, ``params / (pp*tp)`` values per GPU.
+MLP width ``f`` and grouped-query attention): the Q and output projections ``2bsh*2h``, the K
+and V projections ``2bsh*2h_kv`` (``h_kv = kv_heads * h / heads``; ``8bsh^2`` in all when
+``kv_heads = heads``), the MLP ``4bshf`` (GeLU: two matrices) or ``6bshf`` (SwiGLU: three),
+the attention scores and weighted sum ``4bs^2h``; the logit layer adds ``2bshV`` on the last
+chunk. The backward is twice the forward, split (as Zero Bubble, Qi et al. ICLR 2024, takes it)
+into an input-gradient half I and a weight-gradient half W, each the forward's cost; activation
+recomputation (Korthikanti et al. 2022, arXiv 2205.05198) adds to I the layers' forward
+(``full``) or their core attention ``4bs^2h`` (``selective``). Tensor parallelism divides the
+FLOPs by ``tp`` (K/V heads fewer than ``tp`` are replicated: each rank projects one) and adds,
+per layer, two all-reduces of ``bsh`` values in the forward and two in the backward (Megatron's
+f/g operators; with sequence parallelism a reduce-scatter and an all-gather of the same total
+volume). Context parallelism divides every token-wise cost by ``cp`` (the attention too: each
+rank's ``s/cp`` queries attend over all ``s`` keys) and adds ring attention's K/V exchange. A
+stage hands the next one ``bsh/cp`` values per micro-batch (``/tp`` more with sequence
+parallelism). Data parallelism reduce-scatters the stage's gradients and all-gathers its
+parameters (the distributed optimizer) or all-reduces them, ``params / (pp*tp)`` values per GPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flowride.plan.job import Job
+from flowride.plan.job import Job, stage_layers
+
+ADAM_BYTES = 26  # per parameter: fp32 master read + write (8), Adam m and v read + write (16), bf16 param write (2)
 
 
 @dataclass(frozen=True)
@@ -26,7 +35,7 @@ class StageCost:
     """Seconds of one micro-batch through one model chunk of one stage (compute only)."""
 
     f: float
-    i: float  # input-gradient backward
+    i: float  # input-gradient backward (with any recomputed forward)
     w: float  # weight-gradient backward
 
     @property
@@ -34,21 +43,110 @@ class StageCost:
         return self.i + self.w
 
 
+def chunk_layers(job: Job) -> list[int]:
+    """Transformer layers of each model chunk (``pp * virtual`` of them, in pipeline order)."""
+    p = job.parallel
+    if job.uneven_stages:  # virtual is 1 (check_job)
+        return stage_layers(job)
+    n = p.pp * p.virtual
+    return [job.model.layers // n] * n
+
+
+def chunk_rank(job: Job, chunk: int) -> int:
+    """The pipeline rank that holds ``chunk``: ``chunk % pp``, or the V shape of ZBV and DualPipeV."""
+    pp = job.parallel.pp
+    if job.parallel.schedule in ("zbv", "dualpipev"):
+        return chunk if chunk < pp else 2 * pp - 1 - chunk
+    return chunk % pp
+
+
+def kv_width(job: Job) -> float:
+    """Width of the keys (and of the values) one TP rank holds: ``kv_heads / tp`` heads of
+    ``h / heads`` each, or one head when the K/V heads are fewer than tp (replicated)."""
+    h, a, kv, tp = job.model.hidden, job.heads, job.kv_heads, job.parallel.tp
+    per_rank = 1.0 if (kv < a and kv < tp) else kv / tp
+    return per_rank * h / a
+
+
 def layer_flops(job: Job) -> float:
-    """Forward FLOPs of one transformer layer for one micro-batch (whole layer, before tp)."""
+    """Forward FLOPs of one transformer layer for one micro-batch (whole layer, before tp and cp)."""
     m = job.model
     b, s, h = m.microbatch_size, m.seq_len, m.hidden
-    f = m.ffn_hidden or 4 * h
-    return 8.0 * b * s * h * h + 4.0 * b * s * h * f + 4.0 * b * s * s * h
+    f = job.ffn_hidden
+    h_kv = h if job.kv_heads == job.heads else h * job.kv_heads / job.heads
+    mlp = (6.0 if m.mlp == "swiglu" else 4.0) * b * s * h * f
+    return 2.0 * b * s * h * (2 * h + 2 * h_kv) + mlp + 4.0 * b * s * s * h
+
+
+def attention_core_flops(job: Job) -> float:
+    """Forward FLOPs of one layer's scores and weighted sum ``4bs^2h`` (what selective recompute redoes)."""
+    m = job.model
+    return 4.0 * m.microbatch_size * m.seq_len * m.seq_len * m.hidden
+
+
+def replicated_kv_flops(job: Job) -> float:
+    """K/V heads fewer than tp are replicated: each TP rank projects one, so the TP group does
+    ``tp - kv_heads`` heads' K and V projections more than the layer's count."""
+    m, tp = job.model, job.parallel.tp
+    if not (job.kv_heads < job.heads and job.kv_heads < tp):
+        return 0.0
+    return 2.0 * m.microbatch_size * m.seq_len * m.hidden * 2 * (tp - job.kv_heads) * m.hidden / job.heads
+
+
+def layer_flops_per_gpu(job: Job) -> float:
+    """One layer's forward on one GPU: the layer (and any replicated K/V work) over ``tp * cp``."""
+    return (layer_flops(job) + replicated_kv_flops(job)) / job.parallel.tp / job.parallel.cp
+
+
+def recompute_flops_per_gpu(job: Job) -> float:
+    """Per layer and micro-batch on one GPU, the forward FLOPs the backward recomputes."""
+    rc = job.model.recompute
+    if rc == "full":
+        return layer_flops_per_gpu(job)
+    if rc == "selective":
+        return attention_core_flops(job) / job.parallel.tp / job.parallel.cp
+    return 0.0
 
 
 def param_count(job: Job) -> float:
-    """The model's parameters: as stated, else per layer ``4h^2 + 2hf`` plus the embedding ``Vh``."""
+    """The model's parameters: as stated, else per layer ``2h^2 + 2h*h_kv`` (attention) plus
+    ``2hf`` (GeLU) or ``3hf`` (SwiGLU), plus the embedding ``Vh`` (and the logit layer's ``Vh``
+    when not tied): ``L(4h^2 + 2hf) + Vh`` by default."""
     m = job.model
     if m.params is not None:
         return float(m.params)
-    f = m.ffn_hidden or 4 * m.hidden
-    return m.layers * (4.0 * m.hidden * m.hidden + 2.0 * m.hidden * f) + m.vocab * m.hidden
+    h, f = m.hidden, job.ffn_hidden
+    h_kv = h if job.kv_heads == job.heads else h * job.kv_heads / job.heads
+    mats = 3.0 if m.mlp == "swiglu" else 2.0
+    return m.layers * (2.0 * h * h + 2.0 * h * h_kv + mats * h * f) + m.vocab * h * (1 if m.tied_embeddings else 2)
+
+
+def layer_params_per_gpu(job: Job) -> float:
+    """One layer's parameters on one TP rank (from the stated count less the embeddings, if stated)."""
+    m, tp = job.model, job.parallel.tp
+    if m.params is not None:
+        rest = m.params - m.vocab * m.hidden * (1 if m.tied_embeddings else 2)
+        return (rest if rest > 0 else m.params) / m.layers / tp
+    h = m.hidden
+    mats = 3.0 if m.mlp == "swiglu" else 2.0
+    return 2.0 * h * h / tp + 2.0 * h * kv_width(job) + mats * h * job.ffn_hidden / tp
+
+
+def rank_params_per_gpu(job: Job) -> list[float]:
+    """Parameters one GPU of each pipeline rank holds (before any sharding over DP): its layers,
+    the embedding with the first chunk and the logit layer with the last, ``V*h/tp`` each (with
+    tied embeddings and pp > 1 the last stage keeps its own copy, as Megatron does)."""
+    p, m = job.parallel, job.model
+    layers = chunk_layers(job)
+    per_layer = layer_params_per_gpu(job)
+    emb = m.vocab * m.hidden / p.tp
+    out = [0.0] * p.pp
+    for c, n in enumerate(layers):
+        out[chunk_rank(job, c)] += n * per_layer
+    out[chunk_rank(job, 0)] += emb
+    if len(layers) > 1 or not m.tied_embeddings:
+        out[chunk_rank(job, len(layers) - 1)] += emb
+    return out
 
 
 def chunk_costs(job: Job) -> list[StageCost]:
@@ -65,38 +163,75 @@ def chunk_costs(job: Job) -> list[StageCost]:
             out.append(StageCost(fwd, max(0.0, bwd - w), w))
         return out
     rate = job.peak_tflops * 1e12 * job.hardware.mfu  # sustained FLOP/s of one GPU
-    per_chunk = m.layers // n
-    fl = layer_flops(job) * per_chunk / p.tp
-    logits = 2.0 * m.microbatch_size * m.seq_len * m.hidden * m.vocab / p.tp
+    lf = layer_flops(job) + replicated_kv_flops(job)
+    rec = recompute_flops_per_gpu(job)
+    logits = 2.0 * m.microbatch_size * m.seq_len * m.hidden * m.vocab / p.tp / p.cp
     out = []
-    for c in range(n):
+    for c, layers in enumerate(chunk_layers(job)):
+        fl = lf * layers / p.tp / p.cp
         extra = logits if c == n - 1 else 0.0
         t = (fl + extra) / rate
-        out.append(StageCost(t, t, t))
+        out.append(StageCost(t, t + rec * layers / rate, t))
     return out
 
 
 def tp_allreduce_bytes(job: Job) -> int:
-    """One tensor-parallel all-reduce: ``bsh`` values."""
+    """One tensor-parallel all-reduce: ``bsh/cp`` values."""
     m = job.model
-    return m.microbatch_size * m.seq_len * m.hidden * m.bytes_per_value
+    return m.microbatch_size * (m.seq_len // job.parallel.cp) * m.hidden * m.bytes_per_value
+
+
+def tp_allreduces(job: Job) -> list[int]:
+    """All-reduces in each chunk's forward (and again in its backward): two per layer."""
+    if job.parallel.tp == 1 or job.model.forward_s is not None:
+        return [0] * (job.parallel.pp * job.parallel.virtual)
+    return [2 * n for n in chunk_layers(job)]
 
 
 def tp_allreduces_per_chunk(job: Job) -> int:
-    """All-reduces in one chunk's forward (and again in its backward): two per layer."""
-    if job.parallel.tp == 1 or job.model.forward_s is not None:
-        return 0
-    return 2 * (job.model.layers // (job.parallel.pp * job.parallel.virtual))
+    """All-reduces in the forward of the largest chunk."""
+    return max(tp_allreduces(job))
+
+
+def cp_chunk_bytes(job: Job) -> int:
+    """Ring attention: the keys and values one rank holds of one layer, ``2 * b*(s/cp) * kv width``
+    values; in a layer's forward each rank receives the other ``cp - 1`` ranks' chunks (an
+    all-gather over the CP group), in its backward twice that (K/V again, and dK/dV back)."""
+    m, p = job.model, job.parallel
+    return int(2 * m.microbatch_size * (m.seq_len // p.cp) * kv_width(job) * m.bytes_per_value)
+
+
+def cp_passes(job: Job) -> tuple[int, int]:
+    """Ring passes of each layer: (in the forward, in the backward); recomputing the attention
+    (selective or full) runs the forward's pass again in the backward."""
+    if job.parallel.cp == 1 or job.model.forward_s is not None:
+        return 0, 0
+    return 1, 2 + (job.model.recompute != "none")
 
 
 def p2p_bytes(job: Job) -> int:
     """Activations (or their gradients) one stage hands the next per micro-batch, per GPU."""
     m, p = job.model, job.parallel
-    v = m.microbatch_size * m.seq_len * m.hidden * m.bytes_per_value
+    v = m.microbatch_size * (m.seq_len // p.cp) * m.hidden * m.bytes_per_value
     return v // p.tp if p.sequence_parallel else v
 
 
 def dp_bytes(job: Job) -> int:
-    """The gradient buffer one GPU synchronises across its data-parallel group."""
+    """The gradient buffer one GPU synchronises across its data-parallel group (the mean stage's)."""
     p = job.parallel
     return int(param_count(job) / (p.pp * p.tp) * job.model.bytes_per_value)
+
+
+def optimizer_seconds(job: Job) -> list[float]:
+    """Each pipeline rank's optimizer step: measured (``optimizer_s``), none for a measured profile
+    without it, else the bytes mixed-precision Adam touches over the GPU's HBM bandwidth:
+    ``ADAM_BYTES + grad_bytes`` per parameter the GPU updates (its shard, ``1/(dp*cp)`` of its
+    parameters, with the distributed optimizer)."""
+    m, p = job.model, job.parallel
+    if m.optimizer_s is not None:
+        return list(m.optimizer_s)
+    if m.forward_s is not None:
+        return [0.0] * p.pp
+    shard = p.dp * p.cp if p.distributed_optimizer else 1
+    per_param = ADAM_BYTES + m.grad_bytes
+    return [n / shard * per_param / (job.hbm_tbps * 1e12) for n in rank_params_per_gpu(job)]

@@ -12,7 +12,7 @@ COLOURS = {"F": "#4c72b0", "B": "#dd8452", "I": "#dd8452", "W": "#55a868"}
 
 
 def write_png(tl: Timeline, tp_s: float, path: str | Path, title: str) -> None:
-    """``tl`` as a PNG at ``path``: see the module. ``tp_s``: the TP seconds inside each F/B/I."""
+    """``tl`` as a PNG at ``path``: see the module. ``tp_s``: the TP (and CP) seconds inside a forward."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,7 +49,7 @@ def write_png(tl: Timeline, tp_s: float, path: str | Path, title: str) -> None:
     ax.set_xlim(0, tl.iteration_s * scale)
     ax.set_title(title, fontsize=9)
     ax.legend(handles=[Patch(color=COLOURS["F"], label="forward"), Patch(color=COLOURS["B"], label="backward (input grad)"),
-                       Patch(color=COLOURS["W"], label="weight grad"), Patch(color="#8172b3", label="TP all-reduce"),
+                       Patch(color=COLOURS["W"], label="weight grad"), Patch(color="#8172b3", label="TP (and CP) comm."),
                        Patch(color="#937860", label="DP sync (exposed)"),
                        Patch(facecolor="none", edgecolor="#999999", hatch="///", label="bubble")],
               loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=6, fontsize=8, frameon=False)

@@ -7,7 +7,7 @@ L holds ``n`` steps with ``L - (n-1)*step > fit``. A step done on a training GPU
 what it does on the task's reference device in the same time (the value of a step is its time
 times the task's dedicated throughput); GPU memory is not checked (the plan does not model it).
 The savings are FreeRide's ``S = 1 - T_f/T_v + (P/X) p_ref / (p_main T_v)`` per iteration, with
-``T_f = T_v (1 + overhead)``, the harvested work of all ``tp*pp*dp`` GPUs, and ``p_main`` the
+``T_f = T_v (1 + overhead)``, the harvested work of all ``tp*cp*pp*dp`` GPUs, and ``p_main`` the
 price of all of them.
 """
 
@@ -48,9 +48,9 @@ class Harvestable:
 
 def harvestable(job: Job, tl: Timeline) -> Harvestable:
     """What the job's side tasks harvest from the bubbles of ``tl`` (one pipeline, scaled to all
-    GPUs: ``tp * dp`` copies of each stage)."""
+    GPUs: ``tp * cp * dp`` copies of each stage)."""
     h = job.harvest
-    copies = job.parallel.tp * job.parallel.dp
+    copies = job.parallel.tp * job.parallel.cp * job.parallel.dp
     units: dict[str, float] = {t.name: 0.0 for t in h.tasks}
     dedicated = used = 0
     bubble_total = 0.0

@@ -7,19 +7,20 @@ ZB-H1: :func:`flowride.pipeline.schedules.build_schedule`) or torch.distributed.
 :func:`flowride.pipeline.torch_compat.dry_schedule`). They run through the one dependency
 simulator flowride times its pipelines with (:func:`flowride.pipeline.schedules.simulate_lists`):
 each action as early as its rank and its data allow, a transfer's time added to every dependency
-that crosses ranks. An action's time is its compute plus the tensor-parallel all-reduces inside
-it (exposed: Megatron runs them on the critical path). After its last action a stage
+that crosses ranks. An action's time is its compute plus the tensor-parallel all-reduces and the
+context-parallel ring exchanges inside it (exposed: Megatron runs the all-reduces on the critical
+path; the ring's overlap with the attention is not modelled). After its last action a stage
 synchronises its gradients with its data-parallel peers (``dp_overlap`` of that hidden behind the
-backward); the iteration ends when the slowest stage is done. All ranks start together, as after
-the optimizer step that ends the previous iteration.
+backward), then runs its optimizer step; the iteration ends when the slowest stage is done. All
+ranks start together, as after the optimizer step that ends the previous iteration.
 
-Every DP replica runs the same pipeline and every TP rank of a stage idles alike, so one pipeline
-of ``pp`` ranks stands for all ``tp*pp*dp`` GPUs.
+Every DP replica runs the same pipeline and every TP and CP rank of a stage idles alike, so one
+pipeline of ``pp`` ranks stands for all ``tp*cp*pp*dp`` GPUs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from flowride.pipeline.schedules import build_schedule, gap_types, simulate_lists
@@ -41,6 +42,17 @@ class Gap:
         return self.end - self.start
 
 
+@dataclass(frozen=True)
+class ChunkComm:
+    """Exposed communication seconds inside one chunk's actions: tensor-parallel all-reduces and
+    context-parallel ring exchanges, in its forward and in its backward (I, or the full B)."""
+
+    tp_f: float = 0.0
+    tp_b: float = 0.0
+    cp_f: float = 0.0
+    cp_b: float = 0.0
+
+
 @dataclass
 class Timeline:
     """One simulated iteration: per rank its actions (start, end, action) and its gaps."""
@@ -52,6 +64,7 @@ class Timeline:
     tp_s: list[float]  # per rank: tensor-parallel collectives inside its actions
     dp_s: list[float]  # per rank: exposed data-parallel synchronisation at its end
     dp_start: list[float] = field(default_factory=list)
+    cp_s: list[float] = field(default_factory=list)  # per rank: context-parallel ring exchanges inside its actions
 
     @property
     def ranks(self) -> int:
@@ -75,7 +88,9 @@ class Timeline:
         """Per rank: the iteration less its compute and exposed collectives. That is its gaps plus
         any measured host time around actions (a profile's ``action_overhead_s``), which a run's
         own bubble fraction counts as idle too (``flowride train``: 1 - busy / iteration)."""
-        return [max(0.0, self.iteration_s - c - t - d) for c, t, d in zip(self.compute_s, self.tp_s, self.dp_s, strict=True)]
+        cp = self.cp_s or [0.0] * len(self.tp_s)
+        return [max(0.0, self.iteration_s - c - t - d - x)
+                for c, t, d, x in zip(self.compute_s, self.tp_s, self.dp_s, cp, strict=True)]
 
 
 def rank_actions(job: Job) -> tuple[dict[int, list[Act]], dict[int, int]]:
@@ -99,10 +114,14 @@ def rank_actions(job: Job) -> tuple[dict[int, list[Act]], dict[int, int]]:
     return acts, s2r
 
 
-def simulate(job: Job, chunks: list[StageCost], tp_s: float, p2p_s: float, dp_s: float) -> Timeline:
-    """The iteration: ``chunks`` the compute of each model chunk, ``tp_s`` the TP all-reduce
-    seconds inside each F and again inside each backward of a chunk, ``p2p_s`` one stage-to-stage
-    transfer, ``dp_s`` one stage's DP synchronisation (before ``dp_overlap``)."""
+def simulate(job: Job, chunks: list[StageCost], tp_s: float | Sequence[ChunkComm], p2p_s: float, dp_s: float,
+             opt_s: Sequence[float] | None = None) -> Timeline:
+    """The iteration: ``chunks`` the compute of each model chunk, ``tp_s`` the communication
+    inside each chunk's actions (one :class:`ChunkComm` per chunk, or the TP all-reduce seconds
+    inside every F and again inside every backward), ``p2p_s`` one stage-to-stage transfer,
+    ``dp_s`` one stage's DP synchronisation (before ``dp_overlap``), ``opt_s`` each stage's
+    optimizer step (default: the measured ``optimizer_s``, else none)."""
+    per_chunk = [ChunkComm(tp_s, tp_s) for _ in chunks] if isinstance(tp_s, int | float) else list(tp_s)
     acts, s2r = rank_actions(job)
     ranks = sorted(acts)
     index = {r: k for k, r in enumerate(ranks)}
@@ -112,14 +131,22 @@ def simulate(job: Job, chunks: list[StageCost], tp_s: float, p2p_s: float, dp_s:
         c = chunks[a.stage]
         return {"F": c.f, "B": c.b, "I": c.i, "W": c.w}[a.kind]
 
+    def tp_comm(a: Act) -> float:
+        c = per_chunk[a.stage]
+        return c.tp_f if a.kind == "F" else c.tp_b if a.kind in ("B", "I") else 0.0
+
+    def cp_comm(a: Act) -> float:
+        c = per_chunk[a.stage]
+        return c.cp_f if a.kind == "F" else c.cp_b if a.kind in ("B", "I") else 0.0
+
     def comm(a: Act) -> float:
-        return tp_s if a.kind in ("F", "B", "I") else 0.0
+        return tp_comm(a) + cp_comm(a)
 
     host = job.model.action_overhead_s  # measured host time around each action (0 for FLOP plans)
     cost: Callable[[Act], float] = lambda a: compute(a) + comm(a) + host  # noqa: E731
     timeline = simulate_lists([acts[r] for r in ranks], deps, cost, lambda a: index[s2r[a.stage]], comm=p2p_s)
     exposed = dp_s * (1.0 - job.parallel.dp_overlap)
-    opt = job.model.optimizer_s or [0.0] * len(timeline)  # each stage's optimizer step, after its DP sync
+    opt = list(opt_s if opt_s is not None else job.model.optimizer_s or [0.0] * len(timeline))  # after its DP sync
     ends = [tl[-1][1] if tl else 0.0 for tl in timeline]
     # the measured time between iterations (barrier, next batch) is idle for every stage: a C bubble
     t_iter = max(e + exposed + opt[k] for k, e in enumerate(ends)) + job.model.iteration_overhead_s
@@ -136,5 +163,5 @@ def simulate(job: Job, chunks: list[StageCost], tp_s: float, p2p_s: float, dp_s:
             gaps.append(Gap(ranks[k], types[-1], tail_start, t_iter))
     return Timeline(t_iter, timeline, gaps,
                     [sum(compute(a) for _, _, a in tl) + opt[k] for k, tl in enumerate(timeline)],
-                    [sum(comm(a) for _, _, a in tl) for tl in timeline],
-                    [exposed] * len(timeline), [e for e in ends])
+                    [sum(tp_comm(a) for _, _, a in tl) for tl in timeline],
+                    [exposed] * len(timeline), [e for e in ends], [sum(cp_comm(a) for _, _, a in tl) for tl in timeline])

@@ -23,6 +23,16 @@ from flowride.topology.fabrics import NETWORKS, NODE_TYPES
 # dense BF16 peak per GPU (TFLOP/s), datasheet figures (docs/plan.md gives the sources)
 PEAK_TFLOPS = {"dgx-a100": 312.0, "a800": 312.0, "dgx-h100": 989.0, "h800": 989.0, "hgx-b200": 2250.0,
                "mi300x": 1307.0, "dgx2": 125.0, "ndv2": 125.0, "mi250": 181.0}
+# HBM bandwidth per GPU (TB/s) and memory per GPU (GiB: HBM stacks come in binary sizes), datasheets:
+# NVIDIA A100 datasheet (80GB SXM: 2,039 GB/s; the A800 80GB SXM the same), H100 datasheet (SXM 80GB:
+# 3.35 TB/s; H800 SXM the same memory), DGX B200 datasheet (1,440 GB and 64 TB/s over 8 GPUs: 180 and 8),
+# AMD Instinct MI300X datasheet (192 GB HBM3, 5.3 TB/s), V100 datasheet (32 GB, 900 GB/s), AMD Instinct
+# MI250 datasheet (128 GB and 3.2768 TB/s per package of two GCDs). An H200 (141 GB, 4.8 TB/s) is a
+# dgx-h100 node with hardware.memory_gib 141 and hbm_tbps 4.8.
+HBM_TBPS = {"dgx-a100": 2.039, "a800": 2.039, "dgx-h100": 3.35, "h800": 3.35, "hgx-b200": 8.0,
+            "mi300x": 5.3, "dgx2": 0.9, "ndv2": 0.9, "mi250": 1.6384}
+MEMORY_GIB = {"dgx-a100": 80.0, "a800": 80.0, "dgx-h100": 80.0, "h800": 80.0, "hgx-b200": 180.0,
+              "mi300x": 192.0, "dgx2": 32.0, "ndv2": 32.0, "mi250": 64.0}
 BUILTIN_SCHEDULES = ("gpipe", "1f1b", "interleaved", "zbh1")
 TORCH_SCHEDULES = ("interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev")
 SCHEDULES = BUILTIN_SCHEDULES + TORCH_SCHEDULES
@@ -37,15 +47,22 @@ class Model(Strict):
     seq_len: int = Field(ge=1, le=1 << 24)
     microbatch_size: int = Field(default=1, ge=1, le=1 << 16)
     vocab: int = Field(default=32_000, ge=1, le=1 << 24)
-    ffn_hidden: int | None = Field(default=None, ge=1, le=1 << 22)  # default 4 x hidden
+    ffn_hidden: int | None = Field(default=None, ge=1, le=1 << 22)  # default 4 x hidden (gelu), ~8h/3 (swiglu)
+    heads: int | None = Field(default=None, ge=1, le=1 << 16)  # attention heads; default hidden // 128 (at least 1)
+    kv_heads: int | None = Field(default=None, ge=1, le=1 << 16)  # key/value heads (GQA, MQA); default = heads
+    mlp: Literal["gelu", "swiglu"] = "gelu"  # two matrices (h x f, f x h), or three (gate, up, down)
+    tied_embeddings: bool = True  # the logit layer shares the embedding (one V x h counted); false: two
+    recompute: Literal["none", "selective", "full"] = "none"  # activation recomputation (Korthikanti et al. 2022)
+    flash_attention: bool = False  # the s x s attention scores are not stored (memory only)
     params: float | None = Field(default=None, gt=0, le=1e15)  # stated count; default from the shape
     bytes_per_value: int = Field(default=2, ge=1, le=8)  # bf16 activations and gradients
+    grad_bytes: Literal[2, 4] = 4  # gradient buffer per parameter: fp32 as Megatron (4), or bf16 (2)
     # measured per-stage seconds of one micro-batch (flowride profile / a train report), one entry per stage
     forward_s: list[float] | None = None
     backward_s: list[float] | None = None  # the full backward (input + weight gradients)
     weight_s: list[float] | None = None  # the weight-gradient part of backward_s, where known
     p2p_s: float | None = Field(default=None, ge=0, le=1e6)  # measured stage-to-stage transfer (default: priced on the fabric)
-    optimizer_s: list[float] | None = None  # measured optimizer step per stage (default: not modelled)
+    optimizer_s: list[float] | None = None  # measured optimizer step per stage (default: priced from its bytes)
     action_overhead_s: float = Field(default=0.0, ge=0, le=1e3)  # measured host time between two actions of a rank
     iteration_overhead_s: float = Field(default=0.0, ge=0, le=1e3)  # measured: barrier, next batch, ... between iterations
 
@@ -54,12 +71,16 @@ class Parallel(Strict):
     tp: int = Field(default=1, ge=1, le=1024)
     pp: int = Field(ge=1, le=4096)
     dp: int = Field(default=1, ge=1, le=1 << 20)
+    cp: int = Field(default=1, ge=1, le=1024)  # context parallelism: the sequence split over cp ranks (ring attention)
     virtual: int = Field(default=1, ge=1, le=64)  # model chunks per pipeline rank (interleaved, looped, V schedules)
     microbatches: int = Field(ge=1, le=1 << 16)
     schedule: Literal["gpipe", "1f1b", "interleaved", "zbh1", "interleaved1f1b", "loopedbfs", "interleavedzb", "zbv", "dualpipev"] = "1f1b"
     sequence_parallel: bool = True  # Megatron's: p2p activations split by tp
     distributed_optimizer: bool = True  # DP as reduce-scatter of gradients + all-gather of parameters (else one all-reduce)
     dp_overlap: float = Field(default=0.0, ge=0.0, le=1.0)  # share of the DP collective hidden behind backward compute
+    first_stage_layers: int | None = Field(default=None, ge=1, le=100_000)  # uneven stages (virtual 1); default even
+    last_stage_layers: int | None = Field(default=None, ge=1, le=100_000)
+    llama3_stages: bool = False  # Llama 3's rule: one layer fewer on the first and on the last stage
 
 
 class Hardware(Strict):
@@ -68,6 +89,8 @@ class Hardware(Strict):
     nic: str | None = None  # e.g. "400Gbps"; default: the node type's
     oversubscription: float = Field(default=1.0, ge=1.0, le=64.0)
     peak_tflops: float | None = Field(default=None, gt=0, le=1e6)  # default: the node type's GPU (PEAK_TFLOPS)
+    hbm_tbps: float | None = Field(default=None, gt=0, le=1e4)  # default: the node type's GPU (HBM_TBPS)
+    memory_gib: float | None = Field(default=None, gt=0, le=1e5)  # default: the node type's GPU (MEMORY_GIB)
     mfu: float = Field(default=0.4, gt=0.0, le=1.0)  # sustained share of peak (an assumption, stated)
 
 
@@ -104,7 +127,8 @@ class Job(Strict):
 
     @property
     def gpus(self) -> int:
-        return self.parallel.tp * self.parallel.pp * self.parallel.dp
+        p = self.parallel
+        return p.tp * p.cp * p.pp * p.dp
 
     @property
     def gpus_per_node(self) -> int:
@@ -118,6 +142,67 @@ class Job(Strict):
     def peak_tflops(self) -> float:
         return self.hardware.peak_tflops or PEAK_TFLOPS[self.hardware.node]
 
+    @property
+    def hbm_tbps(self) -> float:
+        return self.hardware.hbm_tbps or HBM_TBPS[self.hardware.node]
+
+    @property
+    def memory_gib(self) -> float:
+        return self.hardware.memory_gib or MEMORY_GIB[self.hardware.node]
+
+    @property
+    def heads(self) -> int:
+        return self.model.heads or max(1, self.model.hidden // 128)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.model.kv_heads or self.heads
+
+    @property
+    def ffn_hidden(self) -> int:
+        """The MLP width: as given, else 4h (gelu), or 8h/3 rounded up to a multiple of 256 (swiglu, as Llama)."""
+        m = self.model
+        if m.ffn_hidden:
+            return m.ffn_hidden
+        if m.mlp == "swiglu":
+            return 256 * -(-int(8 * m.hidden / 3) // 256)
+        return 4 * m.hidden
+
+    @property
+    def uneven_stages(self) -> bool:
+        p = self.parallel
+        return p.llama3_stages or p.first_stage_layers is not None or p.last_stage_layers is not None
+
+
+def stage_layers(job: Job) -> list[int]:
+    """Transformer layers per pipeline stage: even, or the first and last as given (the rest even),
+    or Llama 3's rule (one fewer on the first and on the last). A ValueError says what does not divide."""
+    p, n = job.parallel, job.model.layers
+    if not job.uneven_stages:
+        return [n // p.pp] * p.pp
+    if p.pp < 2:
+        raise ValueError("uneven stages need pp 2 or more")
+    if p.llama3_stages:
+        if (n + 2) % p.pp:
+            raise ValueError(f"layers + 2 = {n + 2} is not a multiple of pp {p.pp}, which Llama 3's rule needs")
+        k = (n + 2) // p.pp
+        first = last = k - 1
+    else:
+        first, last = p.first_stage_layers, p.last_stage_layers
+        rest = p.pp - (first is not None) - (last is not None)  # stages that share the other layers evenly
+        left = n - (first or 0) - (last or 0)
+        if rest == 0:
+            if left:
+                raise ValueError(f"first + last stage layers are {n - left}, and the model has {n}")
+            return [first, last]
+        if left < rest or left % rest:
+            raise ValueError(f"the {left} layers left do not split evenly over the other {rest} stages")
+        k = left // rest
+        first, last = first or k, last or k
+    if first < 1 or last < 1:
+        raise ValueError("leaves a stage without layers")
+    return [first] + [k] * (p.pp - 2) + [last]
+
 
 def check_job(job: Job, where: str = "job") -> Job:
     """The rules across fields, each an InputError naming the key and the fix."""
@@ -129,10 +214,35 @@ def check_job(job: Job, where: str = "job") -> Job:
     if hw.node not in NODE_TYPES:
         raise bad("hardware.node", f"{hw.node!r} is not a node type", f"choose one of {', '.join(NODE_TYPES)}")
     chunks = p.pp * p.virtual
-    if m.forward_s is None and m.layers % chunks:
+    if job.uneven_stages:
+        key = "parallel." + ("llama3_stages" if p.llama3_stages else
+                             "first_stage_layers" if p.first_stage_layers is not None else "last_stage_layers")
+        if p.llama3_stages and (p.first_stage_layers is not None or p.last_stage_layers is not None):
+            raise bad(key, "and first_stage_layers / last_stage_layers both set the stages", "give one of them")
+        if p.virtual != 1:
+            raise bad(key, f"uneven stages are modelled with one chunk per rank, and virtual is {p.virtual}",
+                      "give virtual 1 (gpipe, 1f1b, zbh1), or even stages")
+        try:
+            stage_layers(job)
+        except ValueError as e:
+            raise bad(key, str(e), "give stage layer counts that add up to model.layers") from None
+    elif m.forward_s is None and m.layers % chunks:
         raise bad("model.layers", f"{m.layers} is not a multiple of pp x virtual = {chunks}", "give layers, pp and virtual that divide")
     if m.hidden % p.tp:
         raise bad("model.hidden", f"{m.hidden} is not a multiple of parallel.tp {p.tp}", "give a tp that divides the hidden size")
+    if m.heads is not None or m.kv_heads is not None:  # a stated head count is checked as Megatron splits it
+        a, kv = job.heads, job.kv_heads
+        if m.hidden % a:
+            raise bad("model.heads", f"{a} does not divide model.hidden {m.hidden}", "give heads that divide the hidden size")
+        if a % p.tp:
+            raise bad("model.heads", f"{a} is not a multiple of parallel.tp {p.tp}", "give heads a multiple of tp, or a smaller tp")
+        if kv > a or a % kv:
+            raise bad("model.kv_heads", f"{kv} does not divide model.heads {a}", "give kv_heads that divide heads (GQA), 1 for MQA")
+        if kv % p.tp and p.tp % kv:
+            raise bad("model.kv_heads", f"{kv} and parallel.tp {p.tp}: neither divides the other",
+                      "give kv_heads a multiple of tp (split over tp) or a divisor of it (replicated)")
+    if m.seq_len % p.cp:
+        raise bad("parallel.cp", f"{p.cp} does not divide model.seq_len {m.seq_len}", "give a cp that divides the sequence")
     for name in ("forward_s", "backward_s", "weight_s", "optimizer_s"):
         v = getattr(m, name)
         if v is not None and (len(v) != p.pp or not all(0 <= x < 1e6 for x in v)):
@@ -140,12 +250,16 @@ def check_job(job: Job, where: str = "job") -> Job:
     if (m.forward_s is None) != (m.backward_s is None):
         raise bad("model.forward_s", "and model.backward_s go together", "give both measured lists, or neither")
     if job.gpus > MAX_PLAN_GPUS:
-        raise bad("parallel", f"tp x pp x dp = {job.gpus:,} GPUs, over the planner's {MAX_PLAN_GPUS:,}", "plan a smaller job")
+        raise bad("parallel", f"tp x cp x pp x dp = {job.gpus:,} GPUs, over the planner's {MAX_PLAN_GPUS:,}", "plan a smaller job")
     per = NODE_TYPES[hw.node].gpus
     if job.gpus % per and job.gpus > per:
-        raise bad("parallel", f"tp x pp x dp = {job.gpus} GPUs do not fill whole {hw.node} nodes of {per}", "give a multiple of the node size")
+        raise bad("parallel", f"tp x cp x pp x dp = {job.gpus} GPUs do not fill whole {hw.node} nodes of {per}",
+                  "give a multiple of the node size")
     if p.tp > per and p.tp % per:
         raise bad("parallel.tp", f"{p.tp} spans {hw.node} nodes of {per} unevenly", f"give a divisor or a multiple of {per}")
+    if p.cp > 1 and p.tp * p.cp > per and (p.tp * p.cp) % per:
+        raise bad("parallel.cp", f"tp x cp = {p.tp * p.cp} spans {hw.node} nodes of {per} unevenly",
+                  f"give tp x cp a divisor or a multiple of {per}")
     if p.schedule in ("interleaved", "interleaved1f1b", "loopedbfs", "interleavedzb") and p.virtual < 2:
         raise bad("parallel.virtual", f"is {p.virtual}, and {p.schedule} runs several model chunks per rank", "give virtual 2 or more")
     if p.schedule in ("zbv", "dualpipev") and p.virtual != 2:
@@ -184,8 +298,15 @@ def load_job(path: str | Path) -> Job:
     return job_from_dict(data, p.name)
 
 
+SWEEP_MODEL_KEYS = ("recompute",)  # the model keys a sweep may vary (a memory-for-compute trade)
+
+
+def sweep_keys() -> list[str]:
+    return list(Parallel.model_fields) + list(Hardware.model_fields) + list(SWEEP_MODEL_KEYS)
+
+
 def with_overrides(job: Job, overrides: dict[str, Any]) -> Job:
-    """``job`` with ``parallel`` (or ``hardware``) keys replaced: a sweep's point, checked again.
+    """``job`` with ``parallel`` (or ``hardware``, or ``model.recompute``) keys replaced: a sweep's point, checked again.
     A swept ``schedule`` without a swept ``virtual`` takes the chunks it needs: 1 for GPipe,
     1F1B and ZB-H1, 2 for the V schedules, the job's own (at least 2) for the interleaved ones."""
     data = job.model_dump()
@@ -198,13 +319,14 @@ def with_overrides(job: Job, overrides: dict[str, Any]) -> Job:
         elif v < 2:
             overrides = {**overrides, "virtual": 2}
     for key, value in overrides.items():
-        section = "parallel" if key in Parallel.model_fields else "hardware" if key in Hardware.model_fields else None
+        section = ("parallel" if key in Parallel.model_fields else "hardware" if key in Hardware.model_fields
+                   else "model" if key in SWEEP_MODEL_KEYS else None)
         if section is None:
-            raise InputError(f"--sweep {key}", "is not a parallel or hardware key",
-                             f"sweep one of {', '.join(list(Parallel.model_fields) + list(Hardware.model_fields))}")
+            raise InputError(f"--sweep {key}", "is not a parallel or hardware key", f"sweep one of {', '.join(sweep_keys())}")
         data[section][key] = value
     return job_from_dict(data, f"sweep point {overrides}")
 
 
-__all__ = ["BUILTIN_SCHEDULES", "NETWORKS", "PEAK_TFLOPS", "SCHEDULES", "TORCH_SCHEDULES", "Harvest", "Hardware", "Job", "Model",
-           "Parallel", "SideTask", "Synthesis", "check_job", "job_from_dict", "load_job", "with_overrides"]
+__all__ = ["BUILTIN_SCHEDULES", "HBM_TBPS", "MEMORY_GIB", "NETWORKS", "PEAK_TFLOPS", "SCHEDULES", "TORCH_SCHEDULES", "Harvest",
+           "Hardware", "Job", "Model", "Parallel", "SideTask", "Synthesis", "check_job", "job_from_dict", "load_job", "stage_layers", "sweep_keys",
+           "with_overrides"]

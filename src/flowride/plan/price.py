@@ -14,14 +14,19 @@ from dataclasses import dataclass, field
 from flowride.plan.comm import Group, Priced, Pricer, p2p_seconds
 from flowride.plan.costs import (
     chunk_costs,
+    chunk_layers,
+    cp_chunk_bytes,
+    cp_passes,
     dp_bytes,
+    optimizer_seconds,
     p2p_bytes,
     tp_allreduce_bytes,
-    tp_allreduces_per_chunk,
+    tp_allreduces,
 )
 from flowride.plan.harvestable import Harvestable, harvestable
-from flowride.plan.iteration import Timeline, simulate
+from flowride.plan.iteration import ChunkComm, Timeline, simulate
 from flowride.plan.job import Job
+from flowride.plan.memory import Memory, check_memory
 from flowride.synth.result import Progress
 from flowride.topology.fabrics import NODE_TYPES
 
@@ -35,7 +40,8 @@ class Plan:
     harvest: Harvestable
     seconds: float
     assumptions: list[str] = field(default_factory=list)
-    tp_action_s: float = 0.0  # TP all-reduce seconds inside each forward and backward (flowride's prices)
+    tp_action_s: float = 0.0  # TP all-reduce (and CP ring) seconds inside a forward (flowride's prices; the largest chunk's)
+    memory: Memory | None = None
 
     def report(self) -> dict:
         j, tl = self.job, self.ours
@@ -43,6 +49,7 @@ class Plan:
         n = tl.ranks
         compute = statistics.fmean(tl.compute_s) / t
         tp = statistics.fmean(tl.tp_s) / t
+        cp = statistics.fmean(tl.cp_s) / t if tl.cp_s else 0.0
         dp = statistics.fmean(tl.dp_s) / t
         bub = statistics.fmean(tl.bubble_s()) / t
         by_type: dict[str, dict] = {}
@@ -59,37 +66,53 @@ class Plan:
             "job": j.name, "gpus": j.gpus, "nodes": j.nodes, "node": j.hardware.node, "network": j.hardware.network,
             "parallel": j.parallel.model_dump(), "iteration_s": t, "iteration_s_nccl": self.nccl.iteration_s,
             "tokens_per_s": tokens / t, "tokens_per_s_nccl": tokens / self.nccl.iteration_s,
-            "shares": {"compute": compute, "tp_comm": tp, "dp_comm": dp, "bubbles": bub},
-            "per_stage": [{"stage": r, "compute_s": tl.compute_s[r], "tp_comm_s": tl.tp_s[r], "dp_comm_s": tl.dp_s[r],
+            "shares": {"compute": compute, "tp_comm": tp, "cp_comm": cp, "dp_comm": dp, "bubbles": bub},
+            "per_stage": [{"stage": r, "compute_s": tl.compute_s[r], "tp_comm_s": tl.tp_s[r],
+                           "cp_comm_s": tl.cp_s[r] if tl.cp_s else 0.0, "dp_comm_s": tl.dp_s[r],
                            "bubble_s": tl.bubble_s()[r], "bubble_share": tl.bubble_s()[r] / t} for r in range(n)],
             "bubbles_by_type": by_type,
             "collectives": [c.as_dict() for c in self.collectives],
             "synthesis_saves_s_per_iteration": self.nccl.iteration_s - t,
             "synthesis_saves_share": (self.nccl.iteration_s - t) / self.nccl.iteration_s,
             "harvest": self.harvest.as_dict(),
+            "memory": self.memory.as_dict() if self.memory else None,
             "plan_seconds": self.seconds,
             "assumptions": self.assumptions,
         }
 
 
-def groups(job: Job) -> tuple[Group, Group]:
-    """The TP group (``tp`` GPUs of one node, or ``tp / gpus_per_node`` whole nodes) and a DP
-    group (the same GPU of ``dp`` nodes when TP fills a node; else ``gpus_per_node / tp`` of them
-    share a node), ranks ordered TP fastest, then DP, then PP (Megatron's default)."""
+def _strided(job: Job, size: int) -> Group:
+    """``size`` ranks spaced ``tp`` apart: the same GPU of ``size`` nodes when TP fills a node;
+    else ``gpus_per_node / tp`` of them share a node."""
     hw, p = job.hardware, job.parallel
     per = NODE_TYPES[hw.node].gpus
-    common = dict(node=hw.node, network=hw.network, nic=hw.nic, oversubscription=hw.oversubscription)
-    tp = Group(nodes=max(1, p.tp // per), per_node=min(p.tp, per), **common)
-    in_node = max(1, per // p.tp) if p.tp < per else 1  # DP peers sharing a node
-    dp_per_node = min(in_node, p.dp)
-    dp = Group(nodes=max(1, p.dp // dp_per_node), per_node=dp_per_node if p.tp < per else 1, **common)
-    return tp, dp
+    in_node = max(1, per // p.tp) if p.tp < per else 1  # peers sharing a node
+    per_node = min(in_node, size)
+    return Group(node=hw.node, network=hw.network, nic=hw.nic, oversubscription=hw.oversubscription,
+                 nodes=max(1, size // per_node), per_node=per_node if p.tp < per else 1)
+
+
+def groups(job: Job) -> tuple[Group, Group]:
+    """The TP group (``tp`` GPUs of one node, or ``tp / gpus_per_node`` whole nodes) and the
+    gradient (DP) group: the ``cp * dp`` ranks that hold the same weights, spaced ``tp`` apart,
+    ranks ordered TP fastest, then CP, then DP, then PP (Megatron's default)."""
+    hw, p = job.hardware, job.parallel
+    per = NODE_TYPES[hw.node].gpus
+    tp = Group(node=hw.node, network=hw.network, nic=hw.nic, oversubscription=hw.oversubscription,
+               nodes=max(1, p.tp // per), per_node=min(p.tp, per))
+    return tp, _strided(job, p.cp * p.dp)
+
+
+def cp_group(job: Job) -> Group:
+    """The context-parallel group: ``cp`` ranks spaced ``tp`` apart."""
+    return _strided(job, job.parallel.cp)
 
 
 def plan_job(job: Job, pricer: Pricer | None = None, progress: Progress | None = None) -> Plan:
     """Price ``job``: see the module. ``pricer`` holds the collective cache (a fresh one, with
     the job's synthesis settings and the default cache file, when None)."""
     t0 = time.perf_counter()
+    mem = check_memory(job)  # a job that does not fit its GPUs is refused before anything is priced
     pricer = pricer or Pricer(synth=job.synthesis.enabled, time_limit_s=job.synthesis.time_limit_s)
     p = job.parallel
     tp_g, dp_g = groups(job)
@@ -102,8 +125,10 @@ def plan_job(job: Job, pricer: Pricer | None = None, progress: Progress | None =
         priced.append(pr)
         return pr
 
-    n_ar = tp_allreduces_per_chunk(job)
-    tp_pr = price("allreduce", tp_allreduce_bytes(job), tp_g) if n_ar else None
+    n_ar = tp_allreduces(job)
+    tp_pr = price("allreduce", tp_allreduce_bytes(job), tp_g) if max(n_ar) else None
+    cp_f, cp_b = cp_passes(job)
+    cp_pr = price("allgather", p.cp * cp_chunk_bytes(job), cp_group(job)) if cp_f else None
     if p.distributed_optimizer:
         rs = price("reducescatter", dp_bytes(job), dp_g)
         ag = price("allgather", dp_bytes(job), dp_g)
@@ -112,35 +137,61 @@ def plan_job(job: Job, pricer: Pricer | None = None, progress: Progress | None =
         ar = price("allreduce", dp_bytes(job), dp_g)
         dp_nccl, dp_ours = ar.nccl_us * 1e-6, ar.ours_us * 1e-6
     per = NODE_TYPES[job.hardware.node].gpus
-    p2p = p2p_seconds(tp_g, p2p_bytes(job), same_node=p.tp * p.dp < per) if p.pp > 1 else 0.0
+    p2p = p2p_seconds(tp_g, p2p_bytes(job), same_node=p.tp * p.cp * p.dp < per) if p.pp > 1 else 0.0
     if job.model.p2p_s is not None:
         p2p = job.model.p2p_s
     chunks = chunk_costs(job)
-    tp_nccl = n_ar * (tp_pr.nccl_us * 1e-6 if tp_pr else 0.0)
-    tp_ours = n_ar * (tp_pr.ours_us * 1e-6 if tp_pr else 0.0)
+    tp_back = 2 if job.model.recompute == "full" else 1  # a recomputed forward runs its all-reduces again
+
+    def comms(which: str) -> list[ChunkComm]:
+        ar = getattr(tp_pr, which) * 1e-6 if tp_pr else 0.0
+        ag = getattr(cp_pr, which) * 1e-6 if cp_pr else 0.0
+        return [ChunkComm(n * ar, n * ar * tp_back, k * cp_f * ag, k * cp_b * ag) for n, k in zip(n_ar, chunk_layers(job), strict=True)]
+
+    comm_nccl, comm_ours = comms("nccl_us"), comms("ours_us")
+    opt = optimizer_seconds(job)
     if progress:
         progress({"stage": "simulate", "ranks": p.pp, "microbatches": p.microbatches})
-    nccl = simulate(job, chunks, tp_nccl, p2p, dp_nccl)
-    ours = simulate(job, chunks, tp_ours, p2p, dp_ours) if (tp_ours, dp_ours) != (tp_nccl, dp_nccl) else nccl
+    nccl = simulate(job, chunks, comm_nccl, p2p, dp_nccl, opt)
+    ours = simulate(job, chunks, comm_ours, p2p, dp_ours, opt) if (comm_ours, dp_ours) != (comm_nccl, dp_nccl) else nccl
     pricer.save()
-    return Plan(job, nccl, ours, priced, harvestable(job, ours), time.perf_counter() - t0, assumptions(job), tp_ours)
+    action_s = max(c.tp_f + c.cp_f for c in comm_ours)
+    return Plan(job, nccl, ours, priced, harvestable(job, ours), time.perf_counter() - t0, assumptions(job), action_s, mem)
 
 
 def assumptions(job: Job) -> list[str]:
     """What shaped the figures, said next to them."""
-    hw, m = job.hardware, job.model
+    hw, m, p = job.hardware, job.model, job.parallel
     out = []
     if m.forward_s is None:
-        out.append(f"compute from FLOPs (Megatron's per-layer count, backward = 2 x forward split evenly into input and weight "
-                   f"gradients) at {job.peak_tflops:g} TFLOP/s peak x {hw.mfu:g} MFU = {job.peak_tflops * hw.mfu:.0f} TFLOP/s "
-                   "sustained per GPU (an assumption)")
+        rc = {"none": "", "selective": "; selective recomputation adds each layer's core attention to the input gradient",
+              "full": "; full recomputation adds each layer's forward to the input gradient"}[m.recompute]
+        out.append(f"compute from FLOPs (Megatron's per-layer count with {job.kv_heads} of {job.heads} K/V heads and a "
+                   f"{m.mlp} MLP of width {job.ffn_hidden}, backward = 2 x forward split evenly into input and weight "
+                   f"gradients{rc}) at {job.peak_tflops:g} TFLOP/s peak x {hw.mfu:g} MFU = {job.peak_tflops * hw.mfu:.0f} "
+                   "TFLOP/s sustained per GPU (an assumption)")
     else:
         out.append("compute from the measured per-stage profile")
     out.append("tensor-parallel all-reduces exposed (on the critical path); p2p transfers one NIC (or NVLink) hop each, "
                "added to every cross-stage dependency")
-    out.append(f"data-parallel synchronisation after each stage's last backward, {job.parallel.dp_overlap:.0%} of it hidden; "
-               "optimizer step, embedding and data loading not modelled")
+    if p.cp > 1 and m.forward_s is None:
+        out.append(f"context parallelism: ring attention's K/V exchange over {p.cp} ranks priced as an all-gather per layer "
+                   "(twice in the backward, again for a recomputed attention) and exposed: its overlap with the attention "
+                   "is not modelled (a first model)")
+    if m.optimizer_s is not None:
+        opt = "optimizer step as measured"
+    elif m.forward_s is None:
+        opt = (f"optimizer step from the bytes mixed-precision Adam touches ({26 + m.grad_bytes} B per parameter updated"
+               f"{', its 1/' + str(p.dp * p.cp) + ' shard' if p.distributed_optimizer else ''}) at {job.hbm_tbps:g} TB/s HBM")
+    else:
+        opt = "optimizer step not in the profile, not modelled"
+    out.append(f"data-parallel synchronisation after each stage's last backward, {p.dp_overlap:.0%} of it hidden; {opt}; "
+               "embedding lookup and data loading not modelled")
     out.append("collectives priced on the group's own nodes only (no traffic from other groups on shared links)")
+    out.append(f"memory: bf16 weights, {m.grad_bytes} B gradients, 12 B fp32 optimizer state"
+               f"{' over dp x cp (distributed optimizer)' if p.distributed_optimizer else ''}; activations from Korthikanti "
+               f"et al. 2022 (recompute {m.recompute}{', FlashAttention' if m.flash_attention else ''}), micro-batches in "
+               "flight read off the schedule; CUDA context, NCCL buffers and fragmentation not counted")
     if job.harvest.tasks:
         out.append(f"harvesting: FreeRide's fit rule (factor {job.harvest.factor:g}), a step on a training GPU worth a step on "
                    f"the reference device, GPU memory not checked, training slowed by {job.harvest.overhead_pct:g}% while "

@@ -2,10 +2,10 @@
 
 Every combination of the swept keys is planned (one shared collective cache, so a group priced
 for one point is not priced again); a combination the job's rules refuse (pp that does not
-divide the layers, a schedule without enough micro-batches) is listed as skipped with its
-reason. Points are ranked by throughput (tokens per second) and by throughput plus the harvested
-work's value, counted as FreeRide's savings (the value term: harvested dedicated-device seconds
-over the job's cost) added to 1.
+divide the layers, a schedule without enough micro-batches) or whose peak memory does not fit
+the GPU is listed as skipped with its reason. Points are ranked by throughput (tokens per
+second) and by throughput plus the harvested work's value, counted as FreeRide's savings (the
+value term: harvested dedicated-device seconds over the job's cost) added to 1.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 
 from flowride.errors import InputError
 from flowride.plan.comm import Pricer
-from flowride.plan.job import Hardware, Job, Parallel, with_overrides
+from flowride.plan.job import Job, sweep_keys, with_overrides
+from flowride.plan.memory import check_memory
 from flowride.plan.price import Plan, plan_job
 from flowride.synth.result import Progress
 
@@ -24,10 +25,10 @@ MAX_POINTS = 4096
 
 
 def parse_sweep(items: list[str]) -> dict[str, list[Any]]:
-    """``["pp=4,8", "schedule=1f1b,zbv"]`` -> ``{"pp": [4, 8], "schedule": ["1f1b", "zbv"]}``;
+    """``["pp=4,8", "schedule=1f1b,zbv"]`` (parallel and hardware keys, and ``recompute``) -> ``{"pp": [4, 8], "schedule": ["1f1b", "zbv"]}``;
     numbers become ints or floats, ``true``/``false`` booleans."""
     out: dict[str, list[Any]] = {}
-    known = list(Parallel.model_fields) + list(Hardware.model_fields)
+    known = sweep_keys()
     for item in items:
         key, sep, vals = item.partition("=")
         key = key.strip()
@@ -85,6 +86,7 @@ def sweep(job: Job, axes: dict[str, list[Any]], pricer: Pricer, progress: Progre
             progress({"stage": "sweep", "i": i + 1, "of": len(combos), "point": over})
         try:
             j = with_overrides(job, over)
+            check_memory(j)
         except InputError as e:
             points.append(Point(over, None, f"{e.field}: {e.problem}"))
             continue
