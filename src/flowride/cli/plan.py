@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 from rich.markup import escape
 from rich.table import Table
 
-from flowride.argtypes import SECONDS, out_file
-from flowride.cli.common import console, err
+from flowride.argtypes import SECONDS, integer, out_file
+from flowride.cli.common import console, err, refuse_unused
 from flowride.files import write_json_atomic
 
 
@@ -22,6 +23,9 @@ def _progress(status):
             msg = f"pricing {ev['collective']} of {ev['size']:,} B on a group of {ev['group']}"
         elif ev["stage"] == "sweep":
             msg = f"point {ev['i']}/{ev['of']}: {ev['point']}"
+        elif ev["stage"] == "search":
+            msg = (f"search: {ev['phase']}" + (f" {ev['i']}/{ev['of']}" if "i" in ev else "")
+                   + (f" {ev['config']}" if "config" in ev else ""))
         elif ev["stage"] == "simulate":
             msg = f"simulating {ev['ranks']} stages x {ev['microbatches']} micro-batches"
         else:
@@ -74,6 +78,78 @@ def _breakdown(rep: dict) -> Table:
     return t
 
 
+def _search(a: argparse.Namespace, job, pricer) -> int:
+    """``--search``: the fastest configurations of the job's model on ``--gpus`` GPUs, printed."""
+    from flowride.plan.search import search, seconds_text
+
+    refuse_unused(a, "without --search", "plan the one configuration (drop --search), or search without it",
+                  sweep="--sweep", timeline="--timeline", stand_ins="--stand-ins")
+    pricer.synth = bool(a.search_synth)  # NCCL's modelled collectives; synthesized ones for the top few only
+    with err.status("[bold]plan[/bold] searching") as st:
+        res = search(job, a.gpus or job.gpus, pricer, _progress(st))
+    if a.json:
+        write_json_atomic(a.json, {"job": job.name, **res.as_dict()}, indent=1)
+    rows, ref = res.rows, res.reference
+    cp = any(r["config"]["cp"] > 1 for r in rows)
+    harvest = bool(job.harvest.tasks)
+    synth = any("iteration_s_synth" in r for r in rows)
+    t = Table(title=f"{job.name}: the fastest of {res.counts['enumerated']:,} configurations on {res.gpus:,} GPUs "
+                    f"(global batch {res.global_batch:,} x {job.model.seq_len:,} tokens), NCCL's collectives")
+    cols = ["#", "configuration", "iteration", "tokens/s", "bubbles", "memory (GiB)", "TP comm", "DP comm"]
+    cols += ["CP comm"] * cp + ["harvest value"] * harvest + ["synthesized"] * synth
+    for c in cols:
+        t.add_column(c, justify="left" if c == "configuration" else "right")
+    shown = rows[:res.top] + ([ref] if ref and "rank" in ref and ref["rank"] > res.top else [])
+    last = rows[min(res.top, len(rows)) - 1] if rows else None
+    for r in shown:
+        cells = [str(r["rank"]), escape(r["label"]) + (" (the job's own)" if r["reference"] else ""),
+                 seconds_text(r["iteration_s"]), f"{r['tokens_per_s']:,.0f}", f"{r['bubble_share']:.1%}",
+                 f"{r['memory_peak_gib']:.1f} / {r['device_gib']:g}", f"{r['tp_comm_share']:.1%}", f"{r['dp_comm_share']:.1%}"]
+        if cp:
+            cells.append(f"{r['cp_comm_share']:.1%}")
+        if harvest:
+            cells.append(f"{r['harvest_value']:+.4f}")
+        if synth:
+            cells.append(seconds_text(r["iteration_s_synth"]) if "iteration_s_synth" in r else "")
+        t.add_row(*cells, end_section=r is last)
+    console.print(t)
+    for i, text in enumerate(res.explanations):
+        console.print(f"#{i + 1} wins: {escape(text)}", soft_wrap=True)
+    if ref is None:
+        console.print("the job's own configuration: not in the space", soft_wrap=True)
+    elif "rank" in ref:
+        console.print(f"the job's own configuration scaled to {res.gpus:,} GPUs ({escape(ref['label'])}) ranks "
+                      f"{ref['rank']} of {len(rows)} priced", soft_wrap=True)
+    else:
+        console.print(f"the job's own configuration scaled to {res.gpus:,} GPUs ({escape(ref['label'])}) is refused: "
+                      f"{escape(ref['refused'])}", soft_wrap=True)
+    n = res.counts
+    console.print(f"{n['enumerated']:,} configurations: {n['refused_by_rules']:,} refused by the job's rules, "
+                  f"{n['refused_by_memory']:,} by memory, {n['pruned_by_bound']:,} pruned by the bound, {n['priced']:,} priced, "
+                  f"in {res.wall_s:.1f} s", soft_wrap=True)
+    for key, d in sorted(res.refusals.items(), key=lambda kv: -kv[1]["count"]):
+        console.print(f"  {d['count']:,} x {escape(key)}, e.g. {escape(d['examples'][0])}", soft_wrap=True)
+    if pricer.path is not None:
+        console.print(f"collectives: {pricer.hits} from the cache, {pricer.solved} priced now (cache {pricer.path})", soft_wrap=True)
+    return 0
+
+
+def _calibrated(a: argparse.Namespace, job):
+    """``--calibrate``: the job with its efficiency description fitted (printed as the job file writes it)."""
+    from flowride.errors import InputError
+    from flowride.plan import job_from_dict
+    from flowride.plan.costs import calibrate
+    from flowride.plan.efficiency import FIELDS
+
+    if a.profile:
+        raise InputError("--calibrate", "and --profile both replace the compute model", "give one of them")
+    curve = calibrate(job, a.calibrate)
+    data = job.model_dump()
+    data["hardware"].update(mfu=None, efficiency={"source": curve.source, **{k: round(getattr(curve, k), 4) for k in FIELDS}})
+    console.print("calibrated hardware.efficiency: " + escape(json.dumps(data["hardware"]["efficiency"])), soft_wrap=True)
+    return job_from_dict(data, f"{a.job} calibrated to {a.calibrate}")
+
+
 def cmd_plan(a: argparse.Namespace) -> int:
     from flowride.plan import DEFAULT_CACHE, Pricer, load_job, plan_job
     from flowride.plan.memory import check_memory
@@ -88,11 +164,16 @@ def cmd_plan(a: argparse.Namespace) -> int:
         data = job.model_dump()
         data["model"].update({k: prof[k] for k in PROFILE_KEYS})
         job = job_from_dict(data, f"{a.job} with the profile of {a.profile}")
+    if a.calibrate:  # the efficiency description fitted to measured ops (or a train run), then the plan with it
+        job = _calibrated(a, job)
     if a.no_synth:
         job = job.model_copy(update={"synthesis": job.synthesis.model_copy(update={"enabled": False})})
     limit = a.synth_time_limit or job.synthesis.time_limit_s
     pricer = Pricer(cache=None if a.no_cache else (a.cache or DEFAULT_CACHE), synth=job.synthesis.enabled,
                     time_limit_s=limit)
+    if a.search:
+        return _search(a, job, pricer)
+    refuse_unused(a, "with --search", "add --search", gpus="--gpus", search_synth="--search-synth")
     if a.sweep:
         axes = parse_sweep(a.sweep)
         with err.status("[bold]plan[/bold] sweeping") as st:
@@ -140,7 +221,14 @@ def add_plan(sub) -> None:
     pl.add_argument("job", help="the job file (JSON or YAML): model, parallel, hardware, harvest (see docs/plan.md)")
     pl.add_argument("--profile", metavar="RUN_DIR", help="per-stage times measured by a flowride train (or profile-bubbles) run "
                     "in RUN_DIR instead of the FLOP model")
+    pl.add_argument("--calibrate", metavar="RUN_DIR|FILE", help="fit the compute efficiency description (hardware.efficiency) to "
+                    "a JSON of measured ops or a flowride train run of the job's model, print it, and plan with it")
     pl.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2", help="rank configurations, e.g. pp=4,8,16 microbatches=8,16 schedule=1f1b,zbv recompute=none,full")
+    pl.add_argument("--search", action="store_true", default=None, help="find the fastest (tp, pp, dp, cp, virtual, "
+                    "microbatches, schedule, recompute) of the job's model that fits, the global batch kept (docs/plan.md)")
+    pl.add_argument("--gpus", type=integer(1, None, "GPUs"), help="GPUs to search over (default: the job's tp*cp*pp*dp)")
+    pl.add_argument("--search-synth", action="store_true", default=None,
+                    help="re-price the search's top 3 with synthesized collectives (default: NCCL's modelled ones only)")
     pl.add_argument("--json", type=out_file, help="write the report (or the sweep's rows) as JSON here")
     pl.add_argument("--timeline", type=out_file, help="write a PNG of one iteration here")
     pl.add_argument("--stand-ins", type=out_file, help="write each stage's action times here, for a one-machine rehearsal "

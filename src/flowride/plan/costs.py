@@ -19,13 +19,29 @@ rank's ``s/cp`` queries attend over all ``s`` keys) and adds ring attention's K/
 stage hands the next one ``bsh/cp`` values per micro-batch (``/tp`` more with sequence
 parallelism). Data parallelism reduce-scatters the stage's gradients and all-gathers its
 parameters (the distributed optimizer) or all-reduces them, ``params / (pp*tp)`` values per GPU.
+
+Compute seconds: the FLOPs at one flat ``peak * mfu``, or op by op (:func:`layer_ops`) at the
+efficiency the GPU type's description gives each op's size (:mod:`flowride.plan.efficiency`),
+plus the memory-bound work between the GEMMs at ``hbm_share`` of HBM bandwidth.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from flowride.plan.job import Job, stage_layers
+from flowride.errors import InputError
+from flowride.plan.efficiency import (
+    BUILTIN,
+    START,
+    Curve,
+    fit_ops,
+    fit_scale,
+    read_measured,
+    to_efficiency,
+)
+from flowride.plan.job import Job, llama3_chunks, stage_layers
+from flowride.plan.measured import profile_from_run
 
 ADAM_BYTES = 26  # per parameter: fp32 master read + write (8), Adam m and v read + write (16), bf16 param write (2)
 
@@ -46,6 +62,8 @@ class StageCost:
 def chunk_layers(job: Job) -> list[int]:
     """Transformer layers of each model chunk (``pp * virtual`` of them, in pipeline order)."""
     p = job.parallel
+    if p.llama3_stages and p.virtual > 1:
+        return llama3_chunks(job)
     if job.uneven_stages:  # virtual is 1 (check_job)
         return stage_layers(job)
     n = p.pp * p.virtual
@@ -108,6 +126,13 @@ def recompute_flops_per_gpu(job: Job) -> float:
     return 0.0
 
 
+def model_flops_per_token(job: Job) -> float:
+    """Model FLOPs per token of one training step (forward + backward, no recomputation, dense
+    attention, the logits): ``3 (L * layer + 2shV) / s``, the count MFU figures use."""
+    m = job.model
+    return 3.0 * (m.layers * layer_flops(job) + 2.0 * m.microbatch_size * m.seq_len * m.hidden * m.vocab) / (m.microbatch_size * m.seq_len)
+
+
 def param_count(job: Job) -> float:
     """The model's parameters: as stated, else per layer ``2h^2 + 2h*h_kv`` (attention) plus
     ``2hf`` (GeLU) or ``3hf`` (SwiGLU), plus the embedding ``Vh`` (and the logit layer's ``Vh``
@@ -149,6 +174,86 @@ def rank_params_per_gpu(job: Job) -> list[float]:
     return out
 
 
+@dataclass(frozen=True)
+class Op:
+    """One operation of a layer's forward on one GPU: a GEMM, the attention core, or memory-bound work."""
+
+    name: str
+    kind: str  # "gemm", "attention" or "memory"
+    flops: float = 0.0
+    bytes: float = 0.0
+
+
+def layer_ops(job: Job) -> list[Op]:
+    """One transformer layer's forward on one GPU, op by op (``s' = s/cp``, ``t = tp``): the GEMMs
+    QKV ``b s' x h x (h/t + 2 kv width)``, the output projection ``b s' x h/t x h``, the MLP's up
+    (GeLU ``f/t`` wide; SwiGLU gate and up fused, ``2f/t``) and down ``b s' x f/t x h``; the
+    attention core ``4 b s' s h/t`` (scores and weighted sum, batched over the rank's heads); and
+    the memory-bound kernels' bytes (Megatron's GPT layer): two layer norms (read + write) and two
+    bias-dropout-adds (read two, write one, a 1-byte mask) over ``b s' h`` values (``/t`` with
+    sequence parallelism), the MLP's activation (GeLU read + write ``b s' f/t``, SwiGLU read two,
+    write one), and without FlashAttention the scores' traffic, ``b (a/t) s' s`` values written by
+    the QK^T GEMM, read and written by the softmax and by the dropout (with its 1-byte mask) and
+    read by the weighted sum. The FLOPs sum to :func:`layer_flops_per_gpu`."""
+    m, p = job.model, job.parallel
+    b, s, h, t, f = m.microbatch_size, m.seq_len, m.hidden, p.tp, job.ffn_hidden
+    tok = b * s / p.cp
+    up = 2 * f if m.mlp == "swiglu" else f
+    ops = [Op("qkv", "gemm", 2.0 * tok * h * (h / t + 2 * kv_width(job))), Op("proj", "gemm", 2.0 * tok * (h / t) * h),
+           Op("mlp_up", "gemm", 2.0 * tok * h * up / t), Op("mlp_down", "gemm", 2.0 * tok * (f / t) * h),
+           Op("attention", "attention", 4.0 * tok * s * h / t)]
+    v = m.bytes_per_value
+    norm_tokens = tok * h / (t if p.sequence_parallel else 1)
+    act = (3 if m.mlp == "swiglu" else 2) * tok * f / t * v
+    ops.append(Op("norms+dropout-add", "memory", bytes=norm_tokens * (10 * v + 2) + act))
+    if not m.flash_attention:
+        ops.append(Op("scores", "memory", bytes=b * (job.heads / t) * (s / p.cp) * s * (6 * v + 1)))
+    return ops
+
+
+def logits_op(job: Job) -> Op:
+    m, p = job.model, job.parallel
+    return Op("logits", "gemm", 2.0 * m.microbatch_size * m.seq_len / p.cp * m.hidden * m.vocab / p.tp)
+
+
+def op_seconds(job: Job, op: Op, eff: Curve) -> float:
+    """One op's forward seconds at the description's efficiency for its size."""
+    peak = job.peak_tflops * 1e12
+    if op.kind == "memory":
+        return op.bytes / (job.hbm_tbps * 1e12 * eff.hbm_share)
+    return op.flops / (peak * (eff.gemm(op.flops) if op.kind == "gemm" else eff.attention(op.flops)))
+
+
+# bytes the memory-bound kernels move in the backward over the forward's: a layer norm's backward reads
+# the gradient and its input and writes one (6 B a value against the forward's 4), a bias-dropout-add's
+# reads the gradient and the mask and writes one, and the residual's gradients are added (11 against 7),
+# GeLU's 6 against 4, the scores' softmax and dropout and the gradients the two batched GEMMs read and
+# write 19 against 13: about 1.5 in each case.
+BACKWARD_BYTES = 1.5
+
+
+def layer_seconds(job: Job, eff: Curve) -> tuple[float, float, float, float]:
+    """One layer on one GPU: (forward, input gradient, weight gradient, recomputed forward). The
+    GEMMs' input- and weight-gradient GEMMs each cost their forward (same FLOPs, same size); the
+    attention core's backward (no weights) is twice its forward, into the input gradient; the
+    memory-bound kernels move :data:`BACKWARD_BYTES` times their forward's bytes."""
+    by = {o.name: op_seconds(job, o, eff) for o in layer_ops(job)}
+    gemm = sum(v for k, v in by.items() if k in ("qkv", "proj", "mlp_up", "mlp_down"))
+    attn, mem, scores = by["attention"], by["norms+dropout-add"], by.get("scores", 0.0)
+    fwd = gemm + attn + mem + scores
+    rc = job.model.recompute
+    rec = fwd if rc == "full" else attn + scores if rc == "selective" else 0.0
+    return fwd, gemm + 2 * attn + BACKWARD_BYTES * (mem + scores), gemm, rec
+
+
+def layer_weight_seconds(job: Job) -> float:
+    """One layer's weight-gradient GEMMs on one GPU (what an overlapped TP collective hides behind)."""
+    eff = job.efficiency
+    if eff is not None:
+        return layer_seconds(job, eff)[2]
+    return layer_flops_per_gpu(job) / (job.peak_tflops * 1e12 * job.mfu)
+
+
 def chunk_costs(job: Job) -> list[StageCost]:
     """Compute seconds per model chunk (``pp * virtual`` of them, in pipeline order)."""
     p = job.parallel
@@ -162,7 +267,13 @@ def chunk_costs(job: Job) -> list[StageCost]:
             w = (m.weight_s[st] / p.virtual) if m.weight_s is not None else bwd / 2
             out.append(StageCost(fwd, max(0.0, bwd - w), w))
         return out
-    rate = job.peak_tflops * 1e12 * job.hardware.mfu  # sustained FLOP/s of one GPU
+    eff = job.efficiency
+    if eff is not None:  # op by op at the efficiency of each op's size
+        f, i, w, rec = layer_seconds(job, eff)
+        lg = op_seconds(job, logits_op(job), eff)
+        return [StageCost(k * f + (lg if c == n - 1 else 0.0), k * (i + rec) + (lg if c == n - 1 else 0.0),
+                          k * w + (lg if c == n - 1 else 0.0)) for c, k in enumerate(chunk_layers(job))]
+    rate = job.peak_tflops * 1e12 * job.mfu  # sustained FLOP/s of one GPU
     lf = layer_flops(job) + replicated_kv_flops(job)
     rec = recompute_flops_per_gpu(job)
     logits = 2.0 * m.microbatch_size * m.seq_len * m.hidden * m.vocab / p.tp / p.cp
@@ -235,3 +346,27 @@ def optimizer_seconds(job: Job) -> list[float]:
     shard = p.dp * p.cp if p.distributed_optimizer else 1
     per_param = ADAM_BYTES + m.grad_bytes
     return [n / shard * per_param / (job.hbm_tbps * 1e12) for n in rank_params_per_gpu(job)]
+
+
+def calibrate(job: Job, path: str | Path) -> Curve:
+    """``--calibrate PATH`` for ``job``: a JSON of measured ops (:func:`fit_ops`), or a ``flowride
+    train`` run dir whose per-stage forward + backward seconds the job's op model is scaled to
+    (:func:`fit_scale`), starting from the job's description, else its GPU type's, else Calculon's shape."""
+    if job.model.forward_s is not None:
+        raise InputError("--calibrate", "the job gives a measured profile (model.forward_s)", "calibrate a job priced from its FLOPs")
+    base = job.efficiency or BUILTIN.get(job.hardware.node) or START
+    p = Path(path)
+    if p.is_dir():
+        prof = profile_from_run(p)
+        measured = sum(prof["forward_s"]) + sum(prof["backward_s"])
+        if measured <= 0 or len(prof["forward_s"]) != job.parallel.pp:
+            raise InputError("--calibrate", f"the run in {p} measured {len(prof['forward_s'])} stages, {measured:.3g} s of "
+                             f"forward + backward, and the job has pp {job.parallel.pp}", "give the run of the job's model and stages")
+
+        def model_seconds(c: Curve) -> float:  # one micro-batch through every chunk, as the profile sums it
+            j = job.model_copy(update={"hardware": job.hardware.model_copy(update={"mfu": None, "efficiency": to_efficiency(c)})})
+            return sum(x.f + x.i + x.w for x in chunk_costs(j))
+
+        return fit_scale(model_seconds, measured, base, f"fitted to the run in {p} (one factor on e_max)")
+    ops = read_measured(p)
+    return fit_ops(ops, base, job.peak_tflops, job.hbm_tbps, f"fitted to {p.name} ({len(ops)} measured ops)")

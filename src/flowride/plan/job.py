@@ -3,8 +3,9 @@
 One JSON (or YAML) file, checked against this schema before anything is priced: an unknown key,
 a wrong type or an impossible combination (pp that does not divide the layers, GPUs that do not
 fill whole nodes) is one error naming the field and the fix. Every default is stated here and in
-docs/plan.md; the FLOP/s a GPU sustains is the datasheet peak times ``mfu``, an assumption the
-report repeats next to every figure it shapes.
+docs/plan.md; the FLOP/s a GPU sustains per operation comes from its efficiency description
+(:mod:`flowride.plan.efficiency`: built-in per GPU type, or ``hardware.efficiency``) or from one
+flat ``mfu``, a description the report repeats next to every figure it shapes.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from flowride.errors import InputError
 from flowride.files import parse_json_text, read_text
+from flowride.plan.efficiency import DEFAULT_MFU, Curve, Efficiency, resolve
 from flowride.schema import Strict, validated
 from flowride.topology.fabrics import NETWORKS, NODE_TYPES
 
@@ -78,9 +80,12 @@ class Parallel(Strict):
     sequence_parallel: bool = True  # Megatron's: p2p activations split by tp
     distributed_optimizer: bool = True  # DP as reduce-scatter of gradients + all-gather of parameters (else one all-reduce)
     dp_overlap: float = Field(default=0.0, ge=0.0, le=1.0)  # share of the DP collective hidden behind backward compute
+    # Megatron-LM's async TP communication: each backward's input-gradient all-reduce (reduce-scatter with
+    # sequence parallelism) runs behind the layer's weight-gradient GEMMs; false: every TP collective exposed
+    tp_overlap: bool = False
     first_stage_layers: int | None = Field(default=None, ge=1, le=100_000)  # uneven stages (virtual 1); default even
     last_stage_layers: int | None = Field(default=None, ge=1, le=100_000)
-    llama3_stages: bool = False  # Llama 3's rule: one layer fewer on the first and on the last stage
+    llama3_stages: bool = False  # Llama 3's rule: one layer fewer on the first and on the last stage (or model chunk)
 
 
 class Hardware(Strict):
@@ -91,7 +96,19 @@ class Hardware(Strict):
     peak_tflops: float | None = Field(default=None, gt=0, le=1e6)  # default: the node type's GPU (PEAK_TFLOPS)
     hbm_tbps: float | None = Field(default=None, gt=0, le=1e4)  # default: the node type's GPU (HBM_TBPS)
     memory_gib: float | None = Field(default=None, gt=0, le=1e5)  # default: the node type's GPU (MEMORY_GIB)
-    mfu: float = Field(default=0.4, gt=0.0, le=1.0)  # sustained share of peak (an assumption, stated)
+    mfu: float | None = Field(default=None, gt=0.0, le=1.0)  # one flat share of peak for every op (the earlier model)
+    # per-op efficiency curves (plan/efficiency.py): "builtin", or parameters over the GPU type's built-in
+    efficiency: Efficiency | None = None
+
+    @field_validator("efficiency", mode="before")
+    @classmethod
+    def _builtin(cls, v: Any) -> Any:
+        """``"builtin"`` is the GPU type's description: an object that sets nothing over it."""
+        if isinstance(v, str):
+            if v != "builtin":
+                raise ValueError(f"{v!r}: give \"builtin\" or an object of the curve's parameters")
+            return {}
+        return v
 
 
 class SideTask(Strict):
@@ -143,6 +160,17 @@ class Job(Strict):
         return self.hardware.peak_tflops or PEAK_TFLOPS[self.hardware.node]
 
     @property
+    def efficiency(self) -> Curve | None:
+        """The per-operation efficiency description, or None for one flat share of peak (:attr:`mfu`)."""
+        hw = self.hardware
+        return resolve(hw.node, hw.efficiency, hw.mfu)
+
+    @property
+    def mfu(self) -> float:
+        """The flat share of peak (when :attr:`efficiency` is None): as given, else the default 0.4."""
+        return self.hardware.mfu if self.hardware.mfu is not None else DEFAULT_MFU
+
+    @property
     def hbm_tbps(self) -> float:
         return self.hardware.hbm_tbps or HBM_TBPS[self.hardware.node]
 
@@ -174,14 +202,35 @@ class Job(Strict):
         return p.llama3_stages or p.first_stage_layers is not None or p.last_stage_layers is not None
 
 
+def llama3_chunks(job: Job) -> list[int]:
+    """Llama 3's rule over ``pp * virtual`` model chunks: one layer fewer in the first chunk (with
+    the embedding) and in the last (with the logits), the others even; with one layer a chunk
+    (Llama 3 405B: 126 layers, pp 16, virtual 8) the first chunk holds only the embedding and the
+    last only the logits and the loss (arXiv 2407.21783, 3.3.2). A ValueError when it does not divide."""
+    p, n = job.parallel, job.model.layers
+    c = p.pp * p.virtual
+    if (n + 2) % c:
+        raise ValueError(f"layers + 2 = {n + 2} is not a multiple of pp x virtual = {c}, which Llama 3's rule needs")
+    k = (n + 2) // c
+    if k < (2 if p.virtual == 1 else 1):
+        raise ValueError("leaves a stage without layers")
+    return [k - 1] + [k] * (c - 2) + [k - 1]
+
+
 def stage_layers(job: Job) -> list[int]:
     """Transformer layers per pipeline stage: even, or the first and last as given (the rest even),
-    or Llama 3's rule (one fewer on the first and on the last). A ValueError says what does not divide."""
+    or Llama 3's rule (one fewer on the first and on the last; with virtual > 1 on the first and
+    last model chunk). A ValueError says what does not divide."""
     p, n = job.parallel, job.model.layers
     if not job.uneven_stages:
         return [n // p.pp] * p.pp
     if p.pp < 2:
         raise ValueError("uneven stages need pp 2 or more")
+    if p.llama3_stages and p.virtual > 1:  # chunk c on rank c % pp (the interleaved schedules)
+        out = [0] * p.pp
+        for c, k in enumerate(llama3_chunks(job)):
+            out[c % p.pp] += k
+        return out
     if p.llama3_stages:
         if (n + 2) % p.pp:
             raise ValueError(f"layers + 2 = {n + 2} is not a multiple of pp {p.pp}, which Llama 3's rule needs")
@@ -213,15 +262,21 @@ def check_job(job: Job, where: str = "job") -> Job:
 
     if hw.node not in NODE_TYPES:
         raise bad("hardware.node", f"{hw.node!r} is not a node type", f"choose one of {', '.join(NODE_TYPES)}")
+    if hw.mfu is not None and hw.efficiency is not None:
+        raise bad("hardware.mfu", "and hardware.efficiency both set the compute rate", "give one of them")
+    try:
+        job.efficiency  # noqa: B018 (resolved here so that a missing parameter is an error now)
+    except ValueError as e:
+        raise bad("hardware.efficiency", str(e), "give every parameter (docs/plan.md), or hardware.mfu") from None
     chunks = p.pp * p.virtual
     if job.uneven_stages:
         key = "parallel." + ("llama3_stages" if p.llama3_stages else
                              "first_stage_layers" if p.first_stage_layers is not None else "last_stage_layers")
         if p.llama3_stages and (p.first_stage_layers is not None or p.last_stage_layers is not None):
             raise bad(key, "and first_stage_layers / last_stage_layers both set the stages", "give one of them")
-        if p.virtual != 1:
-            raise bad(key, f"uneven stages are modelled with one chunk per rank, and virtual is {p.virtual}",
-                      "give virtual 1 (gpipe, 1f1b, zbh1), or even stages")
+        if p.virtual != 1 and not (p.llama3_stages and p.schedule in ("interleaved", "interleaved1f1b", "interleavedzb", "loopedbfs")):
+            raise bad(key, f"first/last stage layers are modelled with one chunk per rank, and virtual is {p.virtual}",
+                      "give virtual 1 (gpipe, 1f1b, zbh1), llama3_stages with an interleaved schedule, or even stages")
         try:
             stage_layers(job)
         except ValueError as e:
@@ -324,9 +379,12 @@ def with_overrides(job: Job, overrides: dict[str, Any]) -> Job:
         if section is None:
             raise InputError(f"--sweep {key}", "is not a parallel or hardware key", f"sweep one of {', '.join(sweep_keys())}")
         data[section][key] = value
+        if key in ("mfu", "efficiency"):  # a swept compute rate replaces the job's other one
+            data["hardware"]["efficiency" if key == "mfu" else "mfu"] = None
     return job_from_dict(data, f"sweep point {overrides}")
 
 
 __all__ = ["BUILTIN_SCHEDULES", "HBM_TBPS", "MEMORY_GIB", "NETWORKS", "PEAK_TFLOPS", "SCHEDULES", "TORCH_SCHEDULES", "Harvest",
-           "Hardware", "Job", "Model", "Parallel", "SideTask", "Synthesis", "check_job", "job_from_dict", "load_job", "stage_layers", "sweep_keys",
+           "Hardware", "Job", "Model", "Parallel", "SideTask", "Synthesis", "check_job", "job_from_dict", "llama3_chunks", "load_job",
+           "stage_layers", "sweep_keys",
            "with_overrides"]

@@ -18,11 +18,13 @@ from flowride.plan.costs import (
     cp_chunk_bytes,
     cp_passes,
     dp_bytes,
+    layer_weight_seconds,
     optimizer_seconds,
     p2p_bytes,
     tp_allreduce_bytes,
     tp_allreduces,
 )
+from flowride.plan.efficiency import flat_description
 from flowride.plan.harvestable import Harvestable, harvestable
 from flowride.plan.iteration import ChunkComm, Timeline, simulate
 from flowride.plan.job import Job
@@ -76,6 +78,7 @@ class Plan:
             "synthesis_saves_share": (self.nccl.iteration_s - t) / self.nccl.iteration_s,
             "harvest": self.harvest.as_dict(),
             "memory": self.memory.as_dict() if self.memory else None,
+            "efficiency": efficiency_dict(j),
             "plan_seconds": self.seconds,
             "assumptions": self.assumptions,
         }
@@ -142,11 +145,24 @@ def plan_job(job: Job, pricer: Pricer | None = None, progress: Progress | None =
         p2p = job.model.p2p_s
     chunks = chunk_costs(job)
     tp_back = 2 if job.model.recompute == "full" else 1  # a recomputed forward runs its all-reduces again
+    w_layer = layer_weight_seconds(job) if p.tp_overlap and max(n_ar) else 0.0
+
+    def tp_backward(n: int, k: int, ar: float) -> float:
+        """Exposed TP seconds in a chunk's backward: all of them, or with ``tp_overlap`` per layer
+        the two input-gradient all-reduces (reduce-scatters with sequence parallelism, half the
+        time each) less the weight-gradient GEMMs they hide behind, the two all-gathers sequence
+        parallelism adds (half an all-reduce each), and a full recompute's forward all-reduces."""
+        if not p.tp_overlap or not n:
+            return n * ar * tp_back
+        hidden = ar if p.sequence_parallel else 2 * ar
+        layer = max(0.0, hidden - w_layer) + (ar if p.sequence_parallel else 0.0) + (2 * ar if tp_back == 2 else 0.0)
+        return k * layer
 
     def comms(which: str) -> list[ChunkComm]:
         ar = getattr(tp_pr, which) * 1e-6 if tp_pr else 0.0
         ag = getattr(cp_pr, which) * 1e-6 if cp_pr else 0.0
-        return [ChunkComm(n * ar, n * ar * tp_back, k * cp_f * ag, k * cp_b * ag) for n, k in zip(n_ar, chunk_layers(job), strict=True)]
+        return [ChunkComm(n * ar, tp_backward(n, k, ar), k * cp_f * ag, k * cp_b * ag)
+                for n, k in zip(n_ar, chunk_layers(job), strict=True)]
 
     comm_nccl, comm_ours = comms("nccl_us"), comms("ours_us")
     opt = optimizer_seconds(job)
@@ -159,6 +175,17 @@ def plan_job(job: Job, pricer: Pricer | None = None, progress: Progress | None =
     return Plan(job, nccl, ours, priced, harvestable(job, ours), time.perf_counter() - t0, assumptions(job), action_s, mem)
 
 
+def efficiency_dict(job: Job) -> dict:
+    """The compute-rate description the plan used, as data."""
+    if job.model.forward_s is not None:
+        return {"model": "measured"}
+    eff = job.efficiency
+    if eff is None:
+        return {"model": "flat", "mfu": job.mfu, "peak_tflops": job.peak_tflops,
+                "source": "hardware.mfu" if job.hardware.mfu is not None else "default (hardware.efficiency not given)"}
+    return {**eff.as_dict(), "peak_tflops": job.peak_tflops, "hbm_tbps": job.hbm_tbps}
+
+
 def assumptions(job: Job) -> list[str]:
     """What shaped the figures, said next to them."""
     hw, m, p = job.hardware, job.model, job.parallel
@@ -166,14 +193,25 @@ def assumptions(job: Job) -> list[str]:
     if m.forward_s is None:
         rc = {"none": "", "selective": "; selective recomputation adds each layer's core attention to the input gradient",
               "full": "; full recomputation adds each layer's forward to the input gradient"}[m.recompute]
-        out.append(f"compute from FLOPs (Megatron's per-layer count with {job.kv_heads} of {job.heads} K/V heads and a "
-                   f"{m.mlp} MLP of width {job.ffn_hidden}, backward = 2 x forward split evenly into input and weight "
-                   f"gradients{rc}) at {job.peak_tflops:g} TFLOP/s peak x {hw.mfu:g} MFU = {job.peak_tflops * hw.mfu:.0f} "
-                   "TFLOP/s sustained per GPU (an assumption)")
+        eff = job.efficiency
+        if eff is None:
+            out.append(f"compute from FLOPs (Megatron's per-layer count with {job.kv_heads} of {job.heads} K/V heads and a "
+                       f"{m.mlp} MLP of width {job.ffn_hidden}, backward = 2 x forward split evenly into input and weight "
+                       f"gradients{rc}) at {flat_description(job.mfu, job.peak_tflops, hw.mfu is None)} sustained per GPU "
+                       "(an assumption)")
+        else:
+            out.append(f"compute op by op (Megatron's GPT layer with {job.kv_heads} of {job.heads} K/V heads and a {m.mlp} MLP "
+                       f"of width {job.ffn_hidden}: QKV, projection, MLP GEMMs and the logits; the attention core; layer norms, "
+                       f"dropout-adds, the activation{'' if m.flash_attention else ' and the scores softmax'} as HBM bytes; each "
+                       f"GEMM's input and weight gradient at its forward's cost, the attention core's backward twice its "
+                       f"forward, the memory-bound kernels' bytes 1.5 times{rc}) at {job.peak_tflops:g} TFLOP/s peak; {eff.describe()}")
     else:
         out.append("compute from the measured per-stage profile")
-    out.append("tensor-parallel all-reduces exposed (on the critical path); p2p transfers one NIC (or NVLink) hop each, "
-               "added to every cross-stage dependency")
+    tp = ("tensor-parallel all-reduces exposed in the forward; in the backward the input-gradient all-reduces (reduce-"
+          "scatters) hidden behind the weight-gradient GEMMs (Megatron-LM's async TP communication), the all-gathers of "
+          "sequence parallelism and a recomputed forward's all-reduces exposed" if p.tp_overlap else
+          "tensor-parallel all-reduces exposed (on the critical path)")
+    out.append(f"{tp}; p2p transfers one NIC (or NVLink) hop each, added to every cross-stage dependency")
     if p.cp > 1 and m.forward_s is None:
         out.append(f"context parallelism: ring attention's K/V exchange over {p.cp} ranks priced as an all-gather per layer "
                    "(twice in the backward, again for a recomputed attention) and exposed: its overlap with the attention "
