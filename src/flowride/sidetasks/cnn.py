@@ -115,6 +115,17 @@ def make_batch(
     return ((img - 0.5) / 0.3).astype(np.float32), labels.astype(np.int64)
 
 
+MIN_STEPS_FOR_TARGET = 10  # the loss EMA is meaningless before it has seen a few batches
+
+
+def training_finished(steps_done: int, total_steps: int, target_loss: float | None, ema_loss: float) -> bool:
+    """A training side task is done after ``total_steps``, or once its loss EMA is under
+    ``target_loss`` (judged only after a few batches). Shared by ``cnn`` and the ``gpu-*`` trainers."""
+    if steps_done >= total_steps:
+        return True
+    return target_loss is not None and steps_done >= MIN_STEPS_FOR_TARGET and ema_loss < target_loss
+
+
 class _Block(nn.Module):
     """A basic residual block (two 3x3 convs), with a 1x1 projection when the shape changes."""
 
@@ -169,7 +180,6 @@ class CnnTask(IterativeTask):
     name = "cnn"
     unit = "samples"
     _EMA = 0.9
-    _MIN_STEPS_FOR_TARGET = 10  # the loss EMA is meaningless before it has seen a few batches
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -231,14 +241,7 @@ class CnnTask(IterativeTask):
         return float(cfg.batch_size)
 
     def finished(self) -> bool:
-        cfg = self.config
-        if self.steps_done >= cfg.total_steps:
-            return True
-        return (
-            cfg.target_loss is not None
-            and self.steps_done >= self._MIN_STEPS_FOR_TARGET
-            and self.ema_loss < cfg.target_loss
-        )
+        return training_finished(self.steps_done, self.config.total_steps, self.config.target_loss, self.ema_loss)
 
     def state(self) -> dict[str, Any]:
         """Deep copies on the CPU: the snapshot must not change as training goes on."""

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flowride.harvest.task import IterativeTask, parse_params
-from flowride.sidetasks.cnn import SmallResNet, class_palette
+from flowride.sidetasks.cnn import SmallResNet, class_palette, training_finished
 from flowride.sidetasks.gpu_common import (
     StepRng,
     check_device,
@@ -149,7 +149,6 @@ class _TrainTask(IterativeTask):
     """
 
     _EMA = 0.9
-    _MIN_STEPS_FOR_TARGET = 10  # the loss EMA is meaningless before it has seen a few batches
     config: Any
 
     def __init__(self, **params: Any) -> None:
@@ -213,13 +212,7 @@ class _TrainTask(IterativeTask):
 
     def finished(self) -> bool:
         c = self.config
-        if self.steps_done >= c.total_steps:
-            return True
-        return (
-            c.target_loss is not None
-            and self.steps_done >= self._MIN_STEPS_FOR_TARGET
-            and self.ema_loss < c.target_loss
-        )
+        return training_finished(self.steps_done, c.total_steps, c.target_loss, self.ema_loss)
 
     def state(self) -> dict[str, Any]:
         """CPU copies of weights and optimiser state: the snapshot never changes afterwards."""
