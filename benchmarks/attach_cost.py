@@ -31,11 +31,13 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -265,20 +267,36 @@ def _loop(min_bubble: float, on: bool, steps: int) -> None:
 def instructions(steps: int = 600) -> list[dict]:
     """Instructions per step under ``valgrind --tool=callgrind``: a count, not a time, so it is the
     same on a loaded machine and an idle one, and two versions of the observer can be compared
-    exactly. Each figure is a difference of two whole-process counts (``steps`` + 1 steps against
-    1), so start-up cancels; the observer's figure is that of the observer on less that of off."""
+    exactly. Each figure is a difference of two counts of ``_timed``'s loop alone (``steps`` + 1
+    steps against 1): callgrind zeroes its counters and dumps them as ``time.perf_counter`` is
+    entered, which in ``_loop``'s process happens only where the loop starts and ends. (The
+    whole-process counts used before moved by several million between identical runs, torch's
+    import being ~9e9 instructions: tens of thousands per step at 300 steps.) Without that symbol
+    it falls back to whole-process counts. The observer's figure is that of the observer on less
+    that of off. The six counts run side by side, one per CPU."""
     def count(*args: object) -> int:
-        p = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
-                            "_loop", *map(str, args)], capture_output=True, text=True, check=True)
-        return int(next(line for line in p.stderr.splitlines() if "Collected" in line).split()[-1])
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "callgrind.out"
+            p = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                                "--zero-before=time_perf_counter", "--dump-before=time_perf_counter", sys.executable,
+                                __file__, "_loop", *map(str, args)], capture_output=True, text=True, check=True,
+                               env=dict(os.environ, PYTHONHASHSEED="0"))
+            loop = Path(f"{out}.2")  # dumped as the loop's second perf_counter() is entered: the loop alone
+            if loop.exists():
+                return int(re.search(r"^(?:summary|totals): (\d+)", loop.read_text(), re.M).group(1))
+            return int(next(line for line in p.stderr.splitlines() if "Collected" in line).split()[-1])
 
-    def per_step(mb: float, on: bool) -> float:
-        return (count(mb, int(on), steps + 1) - count(mb, int(on), 1)) / steps
+    cases = [(mb, on, n) for mb, on in ((float("inf"), 0), (float("inf"), 1), (0.0, 1)) for n in (steps + 1, 1)]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(cases), os.cpu_count() or 1))) as ex:
+        counts = dict(zip(cases, ex.map(lambda c: count(*c), cases), strict=True))
 
-    bare = per_step(float("inf"), False)
+    def per_step(mb: float, on: int) -> float:
+        return (counts[(mb, on, steps + 1)] - counts[(mb, on, 1)]) / steps
+
+    bare = per_step(float("inf"), 0)
     return [{"case": "bare step (16 no-op compute calls)", "instructions": bare},
-            {"case": "observer, nothing announced", "instructions": per_step(float("inf"), True) - bare},
-            {"case": "observer, every gap announced (no socket)", "instructions": per_step(0.0, True) - bare}]
+            {"case": "observer, nothing announced", "instructions": per_step(float("inf"), 1) - bare},
+            {"case": "observer, every gap announced (no socket)", "instructions": per_step(0.0, 1) - bare}]
 
 
 def print_micro(rows: list[dict], iters: int) -> None:

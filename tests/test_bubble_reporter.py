@@ -167,6 +167,46 @@ def test_predictor_is_the_median_of_the_last_window(values, window):
     assert g.predict("other") is None
 
 
+@pytest.mark.parametrize("mode", ["auto", "pace", "plain"])
+def test_bulk_learning_is_exactly_learning_one_wait_at_a_time(mode):
+    """observe_columns (the torch observer's shorter pass: the same keys every iteration, windows
+    full) learns exactly what observe_iteration learns from the same waits, through a stretch
+    with scoring off (the reporter disabled) too."""
+    rng = random.Random(11)
+    keys = [f"{g}#0" for g in range(9)]
+    bulk, one = GapPredictor(5, mode=mode), GapPredictor(5, mode=mode)
+    for it in range(60):
+        pace = rng.uniform(0.8, 1.2)
+        starts, ends, t = [], [], 0.0
+        for _ in keys:
+            t += rng.uniform(0.0, 0.004) * pace
+            starts.append(t)
+            t += rng.uniform(0.0, 0.02) * pace
+            ends.append(t)
+        score = not 20 <= it < 25
+        one.observe_iteration([(k, e - s, s) for k, s, e in zip(keys, starts, ends, strict=True)], t + 0.01, score)
+        bulk.observe_columns(keys, starts, ends, 0.0, t + 0.01, score)
+        assert bulk.plan(keys, 0.004) == one.plan(list(keys), 0.004)
+        assert [bulk.predict(k, 0.01) for k in keys] == [one.predict(k, 0.01) for k in keys]
+    assert bulk._bulk[2]  # it did take the shorter pass
+    assert bulk.medians() == one.medians()
+
+
+def test_waits_booked_in_columns_and_one_at_a_time_keep_their_order():
+    clock = FakeClock()
+    rep = BubbleReporter(0, clock=clock)
+    for it in range(3):
+        rep.begin_iteration(it)
+        t0 = rep.iter_start
+        rep.book_columns(["0#0", "1#0"], ["A", "S"], [t0, t0 + 0.01], [t0 + 0.005, t0 + 0.02], [None, None], [False, False])
+        clock.advance(0.03)
+        with rep.waiting("tail"):
+            clock.advance(0.004)
+        rep.end_iteration()
+    assert [w.key for w in rep.waits] == ["0#0", "1#0", "tail#0"] * 3
+    assert rep.profile() == pytest.approx({"0#0": 0.005, "1#0": 0.01, "tail#0": 0.004})
+
+
 # ---------------------------------------------------------------------------- on/off blocks
 
 

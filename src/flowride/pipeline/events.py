@@ -34,13 +34,18 @@ class BubbleEvent:
         """The JSON of the event. Built by hand on the usual path (a stage sends two per bubble,
         on the training thread; ``asdict`` + ``json.dumps`` cost ~3x more); anything unusual
         (a label that needs escaping, a non-finite time) goes through ``json``."""
-        end = self.predicted_end
-        if (type(self.start) is float and math.isfinite(self.start) and (end is None or (type(end) is float and math.isfinite(end)))
-                and _plain(self.kind) and _plain(self.type)):
-            return (f'{{"kind":"{self.kind}","stage":{int(self.stage)},"type":"{self.type}","start":{self.start!r},'
-                    f'"predicted_end":{"null" if end is None else repr(end)},"free_memory":{int(self.free_memory)},'
-                    f'"iteration":{int(self.iteration)}}}').encode()
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        return event_bytes(self.kind, self.stage, self.type, self.start, self.predicted_end, self.free_memory, self.iteration)
+
+
+def event_bytes(kind: str, stage: int, type_: str, start: float, end: float | None, free_memory: int, iteration: int) -> bytes:
+    """:meth:`BubbleEvent.to_bytes` of the event with these fields, without building the event."""
+    if (type(start) is float and math.isfinite(start) and (end is None or (type(end) is float and math.isfinite(end)))
+            and _plain(kind) and _plain(type_)):
+        return (f'{{"kind":"{kind}","stage":{int(stage)},"type":"{type_}","start":{start!r},'
+                f'"predicted_end":{"null" if end is None else repr(end)},"free_memory":{int(free_memory)},'
+                f'"iteration":{int(iteration)}}}').encode()
+    ev = BubbleEvent(kind, stage, type_, start, end, free_memory, iteration)
+    return json.dumps(asdict(ev), separators=(",", ":")).encode()
 
 
 def _plain(s: object) -> bool:
@@ -68,14 +73,25 @@ class BubblePublisher:
                 pass
 
     def publish(self, ev: BubbleEvent) -> None:
-        if self.sock is None:
-            return
-        t0 = time.perf_counter()
+        if self.sock is not None:
+            t0 = time.perf_counter()
+            self._send(t0, ev.to_bytes())
+
+    def emit(self, kind: str, stage: int, type_: str, start: float, end: float | None, free_memory: int,
+             iteration: int) -> None:
+        """:meth:`publish` of the event with these fields; with no socket, nothing is built at all
+        (the training step's path: no event object, no JSON for a datagram that goes nowhere)."""
+        if self.sock is not None:
+            t0 = time.perf_counter()
+            self._send(t0, event_bytes(kind, stage, type_, start, end, free_memory, iteration))
+
+    def _send(self, t0: float, data: bytes) -> None:
+        """Send ``data`` (built since ``t0``: the time counted includes building it)."""
         try:
             if self.connected:
-                self.sock.send(ev.to_bytes())
+                self.sock.send(data)
             else:
-                self.sock.sendto(ev.to_bytes(), self.addr)
+                self.sock.sendto(data, self.addr)
             self.sent += 1
         except OSError:  # nobody listening (refused), buffer full: drop, never wait
             self.dropped += 1
@@ -137,6 +153,9 @@ def _cpu_free_memory() -> int:
     move far more slowly than a step."""
     global _free_last
     now = time.monotonic()
+    last = _free_last  # one tuple, swapped whole: read without the lock on the usual (fresh) path
+    if now - last[0] < MEMINFO_MAX_AGE_S:
+        return last[1]
     with _meminfo_lock:
         if now - _free_last[0] < MEMINFO_MAX_AGE_S:
             return _free_last[1]

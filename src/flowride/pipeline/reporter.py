@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from bisect import insort
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from itertools import repeat
 
-from flowride.pipeline.events import BubbleEvent, BubblePublisher, free_memory_bytes
+from flowride.pipeline.events import BubblePublisher, free_memory_bytes
 
 PROFILE_SCHEMA = "flowride.bubble-profile/2"
 
@@ -58,7 +60,11 @@ class Wait:
 
 def _median(xs: Iterable[float]) -> float:
     """The median of a short window (statistics.median's checks cost more than the sort here)."""
-    s = sorted(xs)
+    return _mid(sorted(xs))
+
+
+def _mid(s: Sequence[float]) -> float:
+    """The median of a sorted list."""
     n = len(s)
     h = n // 2
     return s[h] if n % 2 else (s[h - 1] + s[h]) / 2.0
@@ -85,13 +91,16 @@ class GapPredictor:
     is seen in, and uses the pace-scaled one only while its errors over the last ``window``
     iterations are lower (the plain median until three iterations show it).
 
-    Learning is batched per iteration (:meth:`observe_iteration`): its pace is known only when it
-    ends, and on the training step one pass over its waits is all the observer can afford.
+    Learning is batched per iteration (:meth:`observe_iteration`; :meth:`observe_columns`, shorter,
+    for the same keys every time): its pace is known only when it ends, and on the training step
+    one pass over its waits is all the observer can afford. While scoring, the pass also works
+    out each key's next medians, off windows kept sorted as they slide (no sort per median).
     """
 
     def __init__(self, window: int = 5, lean: float = 0.1, mode: str = "auto") -> None:
         if mode not in ("auto", "pace", "plain"):
             raise ValueError("mode must be auto (the better per key), pace or plain")
+        self._gen = 0  # iterations learned (and mode changes)
         self.window = window
         self.lean = lean
         self.mode = mode
@@ -99,24 +108,55 @@ class GapPredictor:
         self.offsets: dict[str, deque[float]] = {}  # key -> normalized start in the iteration (seconds)
         self.raw: dict[str, deque[float]] = {}  # key -> lengths as measured
         self.score: dict[str, deque[float]] = {}  # key -> relative error of pace-scaled less plain, per iteration
+        # key -> [the same four deques (offsets, score: None until used); the first three sorted (changed in
+        # place); how many scores are < 0; its medians (normalized length, offset + tau, raw, pace-scaled
+        # wins, coefficients (a, b), typical length) and the _gen they are of; stale: sorted lists lag]
+        self._st: dict[str, list] = {}
+        self._med: dict[str, tuple] = {}  # the medians asked for since the last learning (as they were then)
+        self._asked: tuple[int, list[str]] | None = None  # and the keys plan() answered in bulk
         self.iter_lengths: deque[float] = deque(maxlen=window)
-        # key -> (normalized length median, offset median + tau, raw median, pace-scaled wins): read
-        # once per key and iteration (the observer's cost is paid on the training step),
-        # forgotten when an iteration is learned
-        self._med: dict[str, tuple[float, float | None, float, bool]] = {}
+        self._bulk: list | None = None  # observe_columns' keys, their states (all known), all windows full
+        self._planned: tuple[int, list[str], list, list[float]] | None = None  # what plan() returns for those keys
         self.tau = 0.0
         self.typical = 0.0  # the typical iteration (median of the last ``window``)
 
-    def _medians(self, key: str) -> tuple[float, float | None, float, bool] | None:
+    mode = property(lambda self: self._mode, doc="auto, pace or plain")
+
+    @mode.setter
+    def mode(self, mode: str) -> None:
+        self._mode, self._gen = mode, self._gen + 1  # every key's medians are worked out again
+
+    @staticmethod
+    def _sorted(st: list) -> list:
+        """``st`` with its sorted lists caught up with its deques."""
+        if st[10]:
+            for i in range(3):
+                if st[i] is not None:
+                    st[4 + i][:] = sorted(st[i])
+            st[10] = False
+        return st
+
+    def _work_out(self, st: list, tau: float) -> tuple:
+        """A key's medians from its windows ``st``, with ``tau``."""
+        hist, raw, offs = self._sorted(st)[4:7]
+        length, plain = _mid(hist), _mid(raw)
+        den = _mid(offs) + tau if offs else None
+        sc, w = st[3], self.window  # auto: the median of the scores < 0 (full, odd window: most of them)
+        auto = sc is not None and len(sc) >= 3 and (st[7] > w // 2 if len(sc) == w and w % 2 else _median(sc) < 0.0)
+        wins = auto if self.mode == "auto" else self.mode == "pace"
+        if not wins:
+            return length, den, plain, False, (0.0, plain), plain
+        if den is None or den <= 0:
+            return length, den, plain, True, (0.0, length), length
+        return length, den, plain, True, (length / den, length * tau / den), length
+
+    def _medians(self, key: str) -> tuple | None:
         m = self._med.get(key)
         if m is None:
-            hist = self.seen.get(key)
-            if not hist:
+            st = self._st.get(key)
+            if st is None:
                 return None
-            offs = self.offsets.get(key)
-            sc = self.score.get(key)
-            wins = (self.mode == "pace" or self.mode == "auto" and sc is not None and len(sc) >= 3 and _median(sc) < 0.0)
-            m = self._med[key] = (_median(hist), _median(offs) + self.tau if offs else None, _median(self.raw[key]), wins)
+            m = self._med[key] = st[8] if st[9] == self._gen else self._work_out(st, self.tau)
         return m
 
     def pace(self, key: str, offset: float | None) -> float:
@@ -124,7 +164,7 @@ class GapPredictor:
         seconds into the iteration."""
         if offset is None:
             return 1.0
-        m = self._med.get(key) or self._medians(key)
+        m = self._medians(key)
         if m is None or m[1] is None or m[1] <= 0:
             return 1.0
         return (offset + self.tau) / m[1]
@@ -133,60 +173,165 @@ class GapPredictor:
         """``(a, b)`` with ``predicted = a * offset + b`` for a wait of ``key`` starting ``offset``
         seconds into the iteration (None: nothing learned). Decided once per iteration so that
         a wrapper on the compute path pays one multiply-add (the torch observer)."""
-        m = self._med.get(key) or self._medians(key)
-        if m is None:
-            return None
-        length, den, plain, wins = m
-        if not wins:
-            return 0.0, plain
-        if den is None or den <= 0:
-            return 0.0, length
-        return length / den, length * self.tau / den
+        m = self._medians(key)
+        return None if m is None else m[4]
+
+    def plan(self, keys: Sequence[str], min_length: float) -> tuple[list[tuple[float, float] | None], list[bool]]:
+        """:meth:`coefficients` of each of ``keys``, and whether its :meth:`typical_length` is at
+        least ``min_length`` (for :meth:`BubbleReporter.gap_plan`)."""
+        p = self._planned
+        if p is not None and p[0] == self._gen and keys == p[1]:  # the keys just learned in bulk
+            self._asked = (p[0], p[1])
+            return list(p[2]), [t >= min_length for t in p[3]]
+        ms = [self._medians(k) for k in keys]
+        return [None if m is None else m[4] for m in ms], [m is not None and m[5] >= min_length for m in ms]
 
     def predict(self, key: str, offset: float | None = None) -> float | None:
-        m = self._med.get(key) or self._medians(key)
+        m = self._medians(key)
         if m is None:
             return None
         return m[0] * self.pace(key, offset) if m[3] else m[2]
 
     def typical_length(self, key: str) -> float | None:
         """The key's length at the typical pace (whether a wait is long enough to announce)."""
-        m = self._med.get(key) or self._medians(key)
-        return None if m is None else (m[0] if m[3] else m[2])
+        m = self._medians(key)
+        return None if m is None else m[5]
 
-    def observe_iteration(self, waits: Sequence[tuple[str, float, float | None]], seconds: float | None,
-                          score: bool = True) -> None:
-        """Learn one iteration's waits, each ``(key, seconds, offset into the iteration)``; the
-        iteration lasted ``seconds`` (None: unknown, its pace taken as typical). ``score``: also
-        weigh the two predictions of each wait against what it measured (skipped while nothing
-        is announced, to keep the observer's cost down)."""
+    def _new_iteration(self, seconds: float | None) -> tuple[int, float, float]:
+        """``(_gen before, 1 / pace, tau before)`` of an iteration that lasted ``seconds``, learned."""
         pace = seconds / self.typical if seconds and self.typical > 0 else 1.0
         inv = 1.0 / pace if pace > 0 else 1.0
-        seen, offsets, raw, window, tau = self.seen, self.offsets, self.raw, self.window, self.tau
-        for key, length, off in waits:
-            hist = seen.get(key)
-            if hist is None:  # not setdefault: it would build a deque on every wait (the observer's cost)
-                hist = seen[key] = deque(maxlen=window)
-                raw[key] = deque(maxlen=window)
-            elif score and length > 0 and off is not None:
-                m = self._med.get(key) or self._medians(key)
-                if m[1]:
-                    sc = self.score.get(key)
-                    if sc is None:
-                        sc = self.score[key] = deque(maxlen=window)
-                    sc.append((abs(m[0] * (off + tau) / m[1] - length) - abs(m[2] - length)) / length)
-            raw[key].append(length)
-            hist.append(length * inv)
-            if off is not None:
-                offs = offsets.get(key)
-                if offs is None:
-                    offs = offsets[key] = deque(maxlen=window)
-                offs.append(off * inv)
+        tau = self.tau  # the predictions scored now were made with it
         if seconds and seconds > 0:
             self.iter_lengths.append(seconds)
             self.typical = _median(self.iter_lengths)
             self.tau = self.lean * self.typical
-        self._med.clear()
+        self._gen += 1
+        return self._gen - 1, inv, tau
+
+    def observe_iteration(self, waits: Iterable[tuple[str, float, float | None]], seconds: float | None,
+                          score: bool = True) -> None:
+        """Learn one iteration's waits, each ``(key, seconds, offset into the iteration)``; the
+        iteration lasted ``seconds`` (None: unknown, its pace taken as typical). ``score``: also
+        weigh the two predictions of each wait against what it measured, and work out each
+        key's next prediction now (skipped while nothing is announced, to keep the observer's
+        cost down: then they are worked out when asked)."""
+        prev, inv, tau = self._new_iteration(seconds)
+        states, window, work_out = self._st, self.window, self._work_out
+        old, asked = self._med, self._asked  # the medians asked for since the last learning
+        asked = asked[1] if asked is not None and asked[0] == prev else ()
+        fresh: dict[str, list] = {}
+        for key, length, off in waits:
+            st = states.get(key)
+            if st is None:  # not setdefault: it would build a deque on every wait (the observer's cost)
+                st = states[key] = [deque(maxlen=window), deque(maxlen=window), None, None, [], [], None, 0, None, -1, False]
+                self.seen[key], self.raw[key] = st[0], st[1]
+            elif score and length > 0 and off is not None:
+                m = old.get(key)
+                if m is None:  # those worked out when the key was last learned, unless it came before in this one
+                    m = old[key] = st[8] if st[9] == prev and (key not in fresh or key in asked) else work_out(st, tau)
+                if m[1]:
+                    sq = st[3]
+                    if sq is None:
+                        sq = st[3] = self.score[key] = deque(maxlen=window)
+                    x = (abs(m[0] * (off + tau) / m[1] - length) - abs(m[2] - length)) / length
+                    if len(sq) == window:
+                        st[7] -= sq[0] < 0.0
+                    sq.append(x)
+                    st[7] += x < 0.0
+            if off is not None and st[2] is None:
+                st[2], st[6] = self.offsets.setdefault(key, deque(maxlen=window)), []
+            if not score:  # nothing read until scoring resumes: the sorted lists catch up then
+                st[1].append(length)
+                st[0].append(length * inv)
+                if off is not None:
+                    st[2].append(off * inv)
+                st[10] = True
+                continue
+            self._sorted(st)
+            _slide(st[1], st[5], length, window)
+            _slide(st[0], st[4], length * inv, window)
+            if off is not None:
+                _slide(st[2], st[6], off * inv, window)
+            fresh[key] = st
+        self._med = {}
+        for st in fresh.values():  # worked out once the iteration is learned (a key may come twice)
+            st[8], st[9] = work_out(st, self.tau), prev + 1
+
+    def observe_columns(self, keys: Sequence[str], starts: Sequence[float], ends: Sequence[float], t0: float | None,
+                        seconds: float | None, score: bool = True) -> None:
+        """:meth:`observe_iteration` of the waits ``zip(keys, ends - starts, starts - t0)`` (as many
+        as ``starts``). The same keys as last time, each known with full windows (the torch
+        observer's gaps, every iteration), take a shorter pass: no lookup and no check per key."""
+        n = len(starts)
+        b = self._bulk
+        if b is None or b[0] != (keys if len(keys) == n else keys[:n]):
+            b = self._bulk = [list(keys[:n]), None, False]
+        if t0 is not None and n and b[1] is None:  # each known, with offsets, none twice
+            sts = list(map(self._st.get, b[0]))
+            if None not in sts and len(set(b[0])) == len(sts) and all(st[2] is not None for st in sts):
+                b[1] = sts
+        w = self.window
+        if score and b[1] is not None and not b[2]:  # every window full, of odd length >= 3: medians in the middle
+            b[2] = w >= 3 and w % 2 == 1 and all(st[3] and len(st[0]) == len(st[2]) == len(st[3]) == w for st in b[1])
+        sts = b[1]
+        if sts is None or t0 is None or score and not b[2]:
+            offs = repeat(None) if t0 is None else [s - t0 for s in starts]
+            lengths = [e - s for s, e in zip(starts, ends, strict=False)]
+            return self.observe_iteration(zip(keys, lengths, offs, strict=False), seconds, score)
+        prev, inv, tau = self._new_iteration(seconds)
+        self._med = {}
+        if not score:
+            for st, s, e in zip(sts, starts, ends, strict=False):
+                length = e - s
+                st[1].append(length)
+                st[0].append(length * inv)
+                st[2].append((s - t0) * inv)
+                st[10] = True
+            return
+        new_tau, h, gen = self.tau, w // 2, prev + 1
+        auto, paced = self.mode == "auto", self.mode == "pace"
+        coefs: list[tuple[float, float]] = []
+        typical: list[float] = []
+        # per wait, as few Python operations as will do (the training step's): full windows, one value leaves
+        # as one comes (the same float object, found by identity in the sorted copy, whose middle is the median)
+        for st, s, e in zip(sts, starts, ends, strict=False):
+            hq, rq, oq, sq, hs, rs, fs, neg, m, mgen, stale = st
+            if stale:
+                self._sorted(st)
+            length = e - s
+            off = s - t0
+            if length > 0:
+                if mgen != prev:
+                    m = self._work_out(st, tau)
+                d = m[1]
+                if d:
+                    x = (abs(m[0] * (off + tau) / d - length) - abs(m[2] - length)) / length
+                    st[7] = neg = neg - (sq[0] < 0.0) + (x < 0.0)
+                    sq.append(x)
+            rs.remove(rq[0])
+            rq.append(length)
+            insort(rs, length)
+            x = length * inv
+            hs.remove(hq[0])
+            hq.append(x)
+            insort(hs, x)
+            x = off * inv
+            fs.remove(oq[0])
+            oq.append(x)
+            insort(fs, x)
+            length, plain, d = hs[h], rs[h], fs[h] + new_tau
+            if not (paced or auto and neg > h):
+                m = (length, d, plain, False, (0.0, plain), plain)
+            elif d <= 0:
+                m = (length, d, plain, True, (0.0, length), length)
+            else:
+                m = (length, d, plain, True, (length / d, length * new_tau / d), length)
+            st[8] = m
+            st[9] = gen
+            coefs.append(m[4])
+            typical.append(m[5])
+        self._planned = (gen, b[0], coefs, typical)
 
     def observe(self, key: str, seconds: float, offset: float | None = None) -> None:
         """One wait learned on its own, at the typical pace."""
@@ -199,6 +344,14 @@ class GapPredictor:
     def medians(self) -> dict[str, float]:
         """Each key's median length as measured (what a saved profile holds)."""
         return {k: statistics.median(v) for k, v in self.raw.items() if v}
+
+
+def _slide(q: deque, s: list, x: float, window: int) -> None:
+    """Append ``x`` to the window ``q`` and its sorted copy ``s`` (whatever leaves ``q`` leaves ``s``)."""
+    if len(q) == window:
+        s.remove(q[0])
+    q.append(x)
+    insort(s, x)
 
 
 class BubbleReporter:
@@ -227,8 +380,11 @@ class BubbleReporter:
         self.iterations_seen = 0
         self.iter_start: float | None = None  # when the current iteration began (wait offsets count from it)
         self._pending: list[tuple[str, float, float | None]] = []  # this iteration's waits, learned when it ends
+        # or, booked in one go (book_columns, while _pending is empty): (keys, starts, ends, iter_start)
+        self._cols: tuple[Sequence[str], Sequence[float], Sequence[float], float | None] | None = None
         self.free_memory = 0
-        self.waits: list[Wait] = []
+        self._waits: list[Wait] = []
+        self._batches: list[tuple] = []  # waits booked in columns, made Wait records when read (waits)
         self._counts: dict[str, int] = {}
         self._ordinal = 0
         self._open: tuple[str, str, float, float | None, bool] | None = None
@@ -240,17 +396,17 @@ class BubbleReporter:
         the manager's budget guard (:mod:`flowride.harvest.guard`) keeps under the budget; it goes
         out whether or not harvesting is on, since the guard needs the off iterations too."""
         now = self.clock()
-        self.busy(now)
-        self.predictor.observe_iteration(self._pending, None if self.iter_start is None else now - self.iter_start, self.enabled)
-        self._pending = []
+        if self._open is not None:
+            self.busy(now)
+        self._learn(None if self.iter_start is None else now - self.iter_start, self.enabled)
         self.iter_start = now
         self.iteration = self.iteration + 1 if iteration is None else iteration
         self.iterations_seen += 1
         self._counts.clear()
         self._ordinal = 0
         self.free_memory = free_memory_bytes(self.device)
-        if self.stage == 0:  # every event carries the stage's free memory, this one too
-            self.pub.publish(BubbleEvent("iter", 0, "-", now, None, self.free_memory, self.iteration))
+        if self.stage == 0 and self.pub.sock is not None:  # every event carries the stage's free memory, this one too
+            self.pub.emit("iter", 0, "-", now, None, self.free_memory, self.iteration)
 
     def end_iteration(self) -> None:
         self.busy()
@@ -282,7 +438,7 @@ class BubbleReporter:
             and (until is not None or self.iterations_seen > self.warmup_iters)
         )
         if announce:
-            self.pub.publish(BubbleEvent("bubble", self.stage, type, now, now + pred, self.free_memory, self.iteration))
+            self.pub.emit("bubble", self.stage, type, now, now + pred, self.free_memory, self.iteration)
         self._open = (key, type, now, pred, announce, offset)
 
     def busy(self, now: float | None = None) -> None:
@@ -293,7 +449,9 @@ class BubbleReporter:
         key, typ, start, pred, announced, offset = self._open
         self._open = None
         if announced:
-            self.pub.publish(BubbleEvent("busy", self.stage, typ, now, None, self.free_memory, self.iteration))
+            self.pub.emit("busy", self.stage, typ, now, None, self.free_memory, self.iteration)
+        if self._cols is not None:
+            self._unbatch()
         self._pending.append((key, now - start, offset))
         self.waits.append(Wait(self.iteration, key, typ, start, now, pred, announced))
 
@@ -315,25 +473,59 @@ class BubbleReporter:
         wrapper on the compute path (:mod:`flowride.pipeline.torch_observe`) only does one
         multiply-add. While nothing can be announced (disabled, or still learning), nothing is
         predicted either."""
-        n = len(keys)
         if not (self.enabled and self.iterations_seen > self.warmup_iters):
+            n = len(keys)
             return [None] * n, [False] * n
-        coef, typical, lo = self.predictor.coefficients, self.predictor.typical_length, self.min_bubble_s
-        coefs = [coef(k) for k in keys]
-        return coefs, [c is not None and typical(k) >= lo for k, c in zip(keys, coefs, strict=True)]
+        return self.predictor.plan(keys, self.min_bubble_s)
 
     def book(self, waits: Iterable[tuple[str, str, float, float, float | None, bool]]) -> None:
         """Waits measured (and announced) by the caller, as (key, type, start, end, predicted,
         announced), booked after the fact as :meth:`busy` books each one."""
+        if self._cols is not None:
+            self._unbatch()
         it, learn, append, t0 = self.iteration, self._pending.append, self.waits.append, self.iter_start
         for key, typ, start, end, pred, announced in waits:
             learn((key, end - start, None if t0 is None else start - t0))
             append(Wait(it, key, typ, start, end, pred, announced))
 
+    def book_columns(self, keys: Sequence[str], types: Sequence[str], starts: Sequence[float], ends: Sequence[float],
+                     preds: Sequence[float | None], announced: Sequence[bool]) -> None:
+        """:meth:`book` of ``zip(keys, types, starts, ends, preds, announced)``, without a tuple or a
+        record per wait on the training step: the columns are kept (unchanged by the caller after),
+        learned from when the iteration ends and made :class:`Wait` records when :attr:`waits` is read."""
+        if self._cols is not None or self._pending:
+            self.book(zip(keys, types, starts, ends, preds, announced, strict=False))
+            return
+        self._cols = (keys, starts, ends, self.iter_start)
+        self._batches.append((self.iteration, keys, types, starts, ends, preds, announced))
+
+    def _learn(self, seconds: float | None, score: bool) -> None:
+        cols = self._cols  # this iteration's waits, learned (it lasted seconds)
+        if cols is None:
+            pending, self._pending = self._pending, []
+            self.predictor.observe_iteration(pending, seconds, score)
+        else:
+            self._cols = None
+            self.predictor.observe_columns(*cols, seconds, score)
+
+    def _unbatch(self) -> None:
+        """The waits booked in columns made (key, seconds, offset) in ``_pending``: a wait comes after them."""
+        keys, starts, ends, t0 = self._cols
+        self._cols = None
+        self._pending = [(k, e - s, None if t0 is None else s - t0) for k, s, e in zip(keys, starts, ends, strict=False)]
+
+    @property
+    def waits(self) -> list[Wait]:
+        if self._batches:  # every wait measured so far, in order
+            for it, keys, types, starts, ends, preds, announced in self._batches:
+                self._waits.extend(map(Wait, repeat(it), keys, types, starts, ends, preds, announced))
+            self._batches.clear()
+        return self._waits
+
     # ------------------------------------------------------------------ harvest blocks
     def control(self, kind: str) -> None:
         """Tell the manager to stop ("off") or resume ("on") harvesting (paired on/off runs)."""
-        self.pub.publish(BubbleEvent(kind, self.stage, "-", self.clock(), None, self.free_memory, self.iteration))
+        self.pub.emit(kind, self.stage, "-", self.clock(), None, self.free_memory, self.iteration)
 
     # ------------------------------------------------------------------ results
     def prediction_errors(self) -> list[float]:
@@ -344,9 +536,8 @@ class BubbleReporter:
     def profile(self) -> dict[str, float]:
         """Learned median length per key, as measured (reusable as ``profile=`` in a later run);
         the last iteration's waits are learned first."""
-        if self._pending:
-            self.predictor.observe_iteration(self._pending, None)
-            self._pending = []
+        if self._pending or self._cols is not None:
+            self._learn(None, True)
         return self.predictor.medians()
 
     def summary(self) -> dict:

@@ -12,7 +12,7 @@ So they do as little as possible. Whether each gap of the coming iteration will 
 and with which predicted length, is decided once when ``step()`` is entered
 (:meth:`BubbleReporter.gap_plan`); a wrapper only appends the time and, for an announced gap,
 sends its datagram; the waits are booked with the reporter in one go when ``step()`` returns
-(:meth:`BubbleReporter.book`). The reporter sees the same waits, keys (``"{gap}#0"``) and
+(:meth:`BubbleReporter.book_columns`). The reporter sees the same waits, keys (``"{gap}#0"``) and
 predictions as if each gap had been reported through ``idle()``/``busy()``.
 
 Gap ``i`` of an iteration is the wait before the rank's compute action ``i`` (gap 0 starts when
@@ -37,7 +37,6 @@ from typing import Any
 import torch
 
 from flowride.pipeline import torch_compat as tc
-from flowride.pipeline.events import BubbleEvent
 from flowride.pipeline.reporter import BubbleReporter
 from flowride.pipeline.torch_plan import RankPlan, plan
 
@@ -68,12 +67,11 @@ class TorchObserver:
         self.observed: list[tuple[str, int, int]] = []  # this iteration's compute actions, in order
         self.first_order: list[tc.Act] | None = None  # the first iteration's, for plan checks
         self.plan_mismatches = 0
-        # this iteration: each action's (kind, mb, stage, start, end); gap g runs _starts[g] -> _ends[g]
-        self._acts: list[tuple[str, int, int, float, float]] = []
+        # this iteration: gap g runs _starts[g] -> _ends[g]; action g runs _ends[g] -> _starts[g + 1]
         self._starts: list[float] = []
         self._ends: list[float] = []
         self._coefs: list[tuple[float, float] | None] = []  # each gap's prediction a * offset + b, decided at step()
-        self._preds: list[float | None] = []  # each announced gap's predicted length, as announced
+        self._preds: list[float | None] = []  # each gap's predicted length, as announced (None: not announced)
         self._ann: list[bool] = []  # each gap announced or not, decided at step()
         self._open_ann = False  # the open gap was announced: its end is announced too
         self._in_step = False
@@ -112,7 +110,8 @@ class TorchObserver:
     @property
     def records(self) -> list[dict]:
         """This iteration's compute records (start == compute: the wait before is a gap)."""
-        return [{"kind": k, "mb": mb, "chunk": st, "start": t0, "compute": t0, "end": t1} for k, mb, st, t0, t1 in self._acts]
+        return [{"kind": k, "mb": mb, "chunk": st, "start": t0, "compute": t0, "end": t1}
+                for (k, st, mb), t0, t1 in zip(self.observed, self._ends, self._starts[1:], strict=False)]
 
     def _type(self, gap: int) -> str:
         if gap >= len(self._types):
@@ -138,16 +137,20 @@ class TorchObserver:
             a, b = self._coefs[gap]
             pred = a * (now - rep.iter_start) + b  # the pace this iteration runs at, read off where it is
             preds = self._preds
-            if len(preds) < gap:
-                preds.extend([None] * (gap - len(preds)))
-            preds.append(pred)
-            rep.pub.publish(BubbleEvent("bubble", rep.stage, self._type(gap), now, now + pred, rep.free_memory, rep.iteration))
+            if gap >= len(preds):
+                preds.extend([None] * (gap + 1 - len(preds)))
+            preds[gap] = pred
+            pub = rep.pub
+            if pub.sock is not None:  # with no socket there is nothing to build
+                pub.emit("bubble", rep.stage, self._type(gap), now, now + pred, rep.free_memory, rep.iteration)
             self._open_ann = True
 
     def _end_announced(self, gap: int, now: float) -> None:
         self._open_ann = False
         rep = self.reporter
-        rep.pub.publish(BubbleEvent("busy", rep.stage, self._type(gap), now, None, rep.free_memory, rep.iteration))
+        pub = rep.pub
+        if pub.sock is not None:
+            pub.emit("busy", rep.stage, self._type(gap), now, None, rep.free_memory, rep.iteration)
 
     # ------------------------------------------------------------------ the wrappers
     def _compute_wrapper(self, orig: Any, method: str, stage_index: int) -> Any:
@@ -178,11 +181,11 @@ class TorchObserver:
                 if obs.sync:
                     torch.cuda.synchronize(obs.cuda)  # its kernels have really run
                 t1 = clock()
-                obs._acts.append((kind, mb, stage_index, t0, t1))
-                obs._starts.append(t1)
-                nxt = gap + 1
-                if nxt >= len(obs._ann) or obs._ann[nxt]:
-                    obs._announce(nxt, t1)
+                obs._starts.append(t1)  # the action's end: _ends[gap] -> _starts[gap + 1] (records)
+                gap += 1
+                ann = obs._ann
+                if gap >= len(ann) or ann[gap]:
+                    obs._announce(gap, t1)
 
         return wrapper
 
@@ -197,9 +200,9 @@ class TorchObserver:
             rep = obs.reporter
             if obs.owns_iterations:
                 rep.begin_iteration()
-            obs.observed, obs._acts, obs._ends = [], [], []
+            obs.observed, obs._ends = [], []
             obs._coefs, obs._ann = rep.gap_plan(obs._keys)
-            obs._preds = []
+            obs._preds = [None] * len(obs._keys)
             obs._open_ann = False
             t = clock()
             obs._starts = [t]
@@ -226,13 +229,13 @@ class TorchObserver:
         if exp is not None and seen != exp:
             self.plan_mismatches += sum(1 for g, act in enumerate(seen) if g >= len(exp) or exp[g] != act)
         n = len(self._ends)
-        while len(self._preds) < n:  # gaps not announced (or past the plan): nothing predicted
-            self._preds.append(None)
-        while len(self._ann) < n:
-            self._ann.append(False)
+        if len(self._preds) < n:  # gaps past the plan, not announced: nothing predicted
+            self._preds.extend([None] * (n - len(self._preds)))
+        if len(self._ann) < n:
+            self._ann.extend([False] * (n - len(self._ann)))
         if n == len(self._types) and (self.plan is None or len(self.observed) == len(self.plan.actions)):
             # the usual iteration, as planned: every gap's key and type are the precomputed ones
-            self.reporter.book(zip(self._keys, self._types, self._starts, self._ends, self._preds, self._ann, strict=False))
+            self.reporter.book_columns(self._keys, self._types, self._starts, self._ends, self._preds, self._ann)
             return
         self.reporter.book([(self._key(g), self._type(g), self._starts[g], self._ends[g], self._preds[g], self._ann[g])
                             for g in range(n)])
