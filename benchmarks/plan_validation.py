@@ -102,8 +102,33 @@ def published(refit: bool) -> None:
         print(f"Llama 3 405B per-GPU throughput ratios: 16K/8K GPUs {t16 / t8:.3f} (published {400 / 430:.3f}, "
               f"{(t16 / t8 - 400 / 430) * 100:+.1f} points); CP 16 at 128K / 8K GPUs {tcp / t8:.3f} (published {380 / 430:.3f}, "
               f"{(tcp / t8 - 380 / 430) * 100:+.1f} points)")
+        attention_kernels([r for r in idx["rows"] if r["job"].startswith("llama3")], cache)
         if refit:
             refit_a100([r for r in idx["rows"] if r["metric"] == "iteration_s"], cache)
+
+
+ATTENTION = Path(__file__).resolve().parent / "data" / "attention_h100_fa3.json"
+
+
+def attention_kernels(rows: list[dict], cache: Path) -> None:
+    """The Llama 3 ratios with the attention core priced by each kernel the FlashAttention-3 paper
+    benchmarks on H100 (its Figures 5-6; the built-in description is FlashAttention-3's): which
+    kernel Llama 3 ran is not published, and the CP row's ratio depends on it."""
+    from flowride.plan.efficiency import BUILTIN, Measured, fit_ops
+
+    data = json.loads(ATTENTION.read_text())
+    print("\nattention kernel (H100, the FlashAttention-3 paper's Figs. 5-6) | attention_max, half-point | 16K/8K | CP 128K/8K "
+          "(published 0.930, 0.884)")
+    for name, rates in data["series_tflops"].items():
+        ops = [Measured("attention", 4 * 16384 * s * 2048, (1 / f + 2.5 / b) * 4 * 16384 * s * 2048 / 1e12 / 3)
+               for s, f, b in zip(data["seq_len"], rates["forward"], rates["backward"], strict=True)]
+        c = fit_ops(ops, BUILTIN["dgx-h100"], 989.0, 3.35, name)
+        got = dict(zip([r["job"] for r in rows], published_plans(rows, {"attention_max": c.attention_max,
+                                                                        "attention_half_gflop": c.attention_half_gflop}, cache),
+                       strict=True))
+        t8 = got["llama3-405b-8k-gpus8192.json"]
+        print(f"{name} | {c.attention_max:.3f}, {c.attention_half_gflop:.1f} GFLOP | {got['llama3-405b-8k-gpus16384.json'] / t8:.3f} | "
+              f"{got['llama3-405b-128k-gpus16384-cp16.json'] / t8:.3f}")
 
 
 def refit_a100(rows: list[dict], cache: Path) -> None:

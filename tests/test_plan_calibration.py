@@ -187,8 +187,9 @@ def test_korthikanti_table5_through_flowride_plan(tmp_path):
 
 
 def test_llama3_throughput_ratios(tmp_path):
-    """Per-GPU model TFLOP/s: 16K over 8K GPUs within 2 points of 400/430 (the issue's target); the
-    CP 16 row at 128K over 8K within 10 points of 380/430 (the planner reaches +8.6: docs/plan.md)."""
+    """Per-GPU model TFLOP/s: 16K over 8K GPUs within 2 points of 400/430, the CP 16 row at 128K
+    over 8K within 5 points of 380/430 (the issue's targets; the planner reaches -0.4 and -3.2,
+    docs/plan.md), and every row within 12% of its published figure (-7 to -11%)."""
     pricer = Pricer(cache=_cache(tmp_path), synth=False)
     tf = {}
     for row in INDEX["rows"]:
@@ -199,8 +200,8 @@ def test_llama3_throughput_ratios(tmp_path):
         tf[row["published"]] = rep["tokens_per_s"] * model_flops_per_token(job) / job.gpus / 1e12
     assert pricer.solved == 0
     assert abs(tf[400] / tf[430] - 400 / 430) < 0.02, tf
-    assert abs(tf[380] / tf[430] - 380 / 430) < 0.10, tf
-    assert all(abs(v / k - 1) < 0.15 for k, v in tf.items()), tf
+    assert abs(tf[380] / tf[430] - 380 / 430) < 0.05, tf
+    assert all(abs(v / k - 1) < 0.12 for k, v in tf.items()), tf
 
 
 def test_llama3_stages_over_interleaved_chunks():
@@ -213,14 +214,18 @@ def test_llama3_stages_over_interleaved_chunks():
     d["parallel"]["virtual"] = 3
     with pytest.raises(Exception, match="llama3_stages"):
         job_from_dict(d)
-    m = job.model  # 6 x (parameters less the embedding lookup) + 12 L s h (dense attention), per token
-    assert math.isclose(model_flops_per_token(job), 6 * (param_count(job) - m.vocab * m.hidden) + 12 * m.layers * m.seq_len * m.hidden)
+    m = job.model  # 6 x (parameters less the embedding lookup) + 6 L s h (causal attention, FlashAttention), per token
+    assert math.isclose(model_flops_per_token(job), 6 * (param_count(job) - m.vocab * m.hidden) + 6 * m.layers * m.seq_len * m.hidden)
+    d["parallel"]["virtual"], d["model"]["causal"] = 8, False  # every score computed: 12 L s h
+    dense = job_from_dict(d)
+    assert math.isclose(model_flops_per_token(dense), 6 * (param_count(job) - m.vocab * m.hidden) + 12 * m.layers * m.seq_len * m.hidden)
     assert 400e9 < param_count(job) < 410e9
 
 
 def test_the_h100_description_matches_its_reference():
     """Issue #34: one H200 (dgx-h100 at 4.8 TB/s), a GPT layer at h 4096-12288, seq 2048-4096, forward +
-    backward at 0.61-0.67 of 989 TFLOP/s; the built-in H100 description (FlashAttention) lands there."""
+    backward at 0.61-0.67 of 989 TFLOP/s (two digits: 0.605-0.675); the built-in H100 description
+    (FlashAttention-3's attention, causal) lands there."""
     from flowride.plan.costs import layer_seconds
 
     c: Curve = BUILTIN["dgx-h100"]
@@ -230,4 +235,18 @@ def test_the_h100_description_matches_its_reference():
                                  "parallel": {"pp": 1, "microbatches": 1},
                                  "hardware": {"node": "dgx-h100", "hbm_tbps": 4.8, "memory_gib": 141, "efficiency": "builtin"}})
             f, i, w, _ = layer_seconds(job, c)
-            assert 0.61 <= 3 * layer_flops(job) / (f + i + w) / 989e12 <= 0.67
+            assert 0.605 <= 3 * layer_flops(job) / (f + i + w) / 989e12 <= 0.675
+
+
+def test_the_h100_attention_is_the_flashattention3_benchmark_fitted():
+    """The built-in H100 attention pair is --calibrate's fit to the shipped FlashAttention-3 points
+    (benchmarks/data/attention_h100_fa3.json), and it follows each point within 2%."""
+    from flowride.plan.efficiency import fit_ops, read_measured
+
+    ops = read_measured(ROOT / "benchmarks" / "data" / "attention_h100_fa3.json")
+    c, fit = BUILTIN["dgx-h100"], fit_ops(ops, BUILTIN["dgx-h100"], 989.0, 3.35, "fa3")
+    assert math.isclose(c.attention_max, fit.attention_max, rel_tol=2e-3)
+    assert math.isclose(c.attention_half_gflop, fit.attention_half_gflop, rel_tol=5e-3)
+    assert (c.gemm_max, c.gemm_half_gflop) == (fit.gemm_max, fit.gemm_half_gflop)  # attention ops leave the GEMMs alone
+    for o in ops:
+        assert abs(c.attention(o.size) / (o.size / o.seconds / 989e12) - 1) < 0.02, o

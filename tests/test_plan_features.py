@@ -97,6 +97,22 @@ def test_recompute_adds_one_forward_or_the_core_attention_to_the_backward(tp):
         assert se.i - b0.i == pytest.approx(core, rel=1e-12)
 
 
+def test_a_causal_mask_halves_the_attention_only_with_flashattention():
+    """FlashAttention skips the tiles a causal mask hides (2bs^2h of the 4bs^2h); Megatron's
+    unfused attention computes every score and masks them; a bidirectional model (causal false)
+    computes them all either way. Selective recompute redoes what the kernel does."""
+    f = 4 * HID
+    dense = 8 * B * S * HID**2 + 4 * B * S * HID * f + 4 * B * S * S * HID
+    causal_flash = dense - 2 * B * S * S * HID
+    assert layer_flops(_job()) == dense  # causal by default, no FlashAttention: dense
+    assert layer_flops(_job({"flash_attention": True})) == causal_flash
+    assert layer_flops(_job({"flash_attention": True, "causal": False})) == dense
+    base = chunk_costs(_job({"flash_attention": True}, tp=1))
+    sel = chunk_costs(_job({"flash_attention": True, "recompute": "selective"}, tp=1))
+    for b0, se in zip(base, sel, strict=True):
+        assert se.i - b0.i == pytest.approx(4 * (2 * B * S * S * HID) / RATE, rel=1e-12)
+
+
 def test_context_parallelism_divides_compute_and_adds_the_ring():
     one, two = _job(tp=2), _job(tp=2, cp=2)
     assert two.gpus == 2 * 2 * 2

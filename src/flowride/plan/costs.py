@@ -6,8 +6,9 @@ large-scale language model training on GPU clusters using Megatron-LM", section 
 MLP width ``f`` and grouped-query attention): the Q and output projections ``2bsh*2h``, the K
 and V projections ``2bsh*2h_kv`` (``h_kv = kv_heads * h / heads``; ``8bsh^2`` in all when
 ``kv_heads = heads``), the MLP ``4bshf`` (GeLU: two matrices) or ``6bshf`` (SwiGLU: three),
-the attention scores and weighted sum ``4bs^2h``; the logit layer adds ``2bshV`` on the last
-chunk. The backward is twice the forward, split (as Zero Bubble, Qi et al. ICLR 2024, takes it)
+the attention scores and weighted sum ``4bs^2h`` (half of it where a FlashAttention kernel
+skips the blocks a causal mask hides: :func:`attention_share`); the logit layer adds ``2bshV``
+on the last chunk. The backward is twice the forward, split (as Zero Bubble, Qi et al. ICLR 2024, takes it)
 into an input-gradient half I and a weight-gradient half W, each the forward's cost; activation
 recomputation (Korthikanti et al. 2022, arXiv 2205.05198) adds to I the layers' forward
 (``full``) or their core attention ``4bs^2h`` (``selective``). Tensor parallelism divides the
@@ -93,13 +94,21 @@ def layer_flops(job: Job) -> float:
     f = job.ffn_hidden
     h_kv = h if job.kv_heads == job.heads else h * job.kv_heads / job.heads
     mlp = (6.0 if m.mlp == "swiglu" else 4.0) * b * s * h * f
-    return 2.0 * b * s * h * (2 * h + 2 * h_kv) + mlp + 4.0 * b * s * s * h
+    return 2.0 * b * s * h * (2 * h + 2 * h_kv) + mlp + attention_core_flops(job)
+
+
+def attention_share(job: Job) -> float:
+    """The share of the ``s x s`` scores the attention core computes: a FlashAttention kernel under
+    a causal mask skips the tiles above the diagonal (half, as FlashAttention's own benchmarks
+    count it); without FlashAttention Megatron computes every score and masks them afterwards."""
+    return 0.5 if (job.model.causal and job.model.flash_attention) else 1.0
 
 
 def attention_core_flops(job: Job) -> float:
-    """Forward FLOPs of one layer's scores and weighted sum ``4bs^2h`` (what selective recompute redoes)."""
+    """Forward FLOPs of one layer's scores and weighted sum, ``4bs^2h`` times :func:`attention_share`
+    (what selective recompute redoes)."""
     m = job.model
-    return 4.0 * m.microbatch_size * m.seq_len * m.seq_len * m.hidden
+    return 4.0 * m.microbatch_size * m.seq_len * m.seq_len * m.hidden * attention_share(job)
 
 
 def replicated_kv_flops(job: Job) -> float:
@@ -127,8 +136,9 @@ def recompute_flops_per_gpu(job: Job) -> float:
 
 
 def model_flops_per_token(job: Job) -> float:
-    """Model FLOPs per token of one training step (forward + backward, no recomputation, dense
-    attention, the logits): ``3 (L * layer + 2shV) / s``, the count MFU figures use."""
+    """Model FLOPs per token of one training step (forward + backward, no recomputation, the
+    logits): ``3 (L * layer + 2shV) / s``, the count MFU figures use, with the attention the kernel
+    computes (dense, or half of it under a causal mask with FlashAttention: :func:`attention_share`)."""
     m = job.model
     return 3.0 * (m.layers * layer_flops(job) + 2.0 * m.microbatch_size * m.seq_len * m.hidden * m.vocab) / (m.microbatch_size * m.seq_len)
 
@@ -201,7 +211,7 @@ def layer_ops(job: Job) -> list[Op]:
     up = 2 * f if m.mlp == "swiglu" else f
     ops = [Op("qkv", "gemm", 2.0 * tok * h * (h / t + 2 * kv_width(job))), Op("proj", "gemm", 2.0 * tok * (h / t) * h),
            Op("mlp_up", "gemm", 2.0 * tok * h * up / t), Op("mlp_down", "gemm", 2.0 * tok * (f / t) * h),
-           Op("attention", "attention", 4.0 * tok * s * h / t)]
+           Op("attention", "attention", 4.0 * tok * s * h / t * attention_share(job))]
     v = m.bytes_per_value
     norm_tokens = tok * h / (t if p.sequence_parallel else 1)
     act = (3 if m.mlp == "swiglu" else 2) * tok * f / t * v

@@ -104,8 +104,13 @@ _A100 = Curve("fitted to Korthikanti et al. 2022 Table 5 (8 Megatron-LM iteratio
 # after warm-up). With Calculon's shape (h100_80g_nvl8.json repeats the A100 table: x_half ~0.6 GFLOP) and the layer
 # taken with FlashAttention (without it this model spreads those layers over 0.50-0.72, wider than the band),
 # e_max 0.66 puts the six layers at 0.63-0.65.
-_H100 = Curve("issue #34's H200 GPT-layer measurement (0.61-0.67 of 989 TFLOP/s at h 4096-12288, seq 2048-4096); "
-              "Calculon's curve shape (h100_80g_nvl8.json)", 0.66, 0.577, 0.66, 0.577, 0.9)
+# The attention core: FlashAttention-3's published H100 SXM5 benchmark (Shah et al. 2024, arXiv 2407.08608, Figures 5
+# and 6; BF16, head dim 128, no mask, seq 1k-16k), forward and backward combined as this planner prices them (the
+# backward at twice the forward's FLOPs, so the backward's recomputation of the scores sits inside the efficiency):
+# benchmarks/data/fa3_h100_attention.json, fitted by --calibrate's least squares (0.40 of peak at seq 1k, 0.51 at 16k).
+_H100 = Curve("GEMMs: issue #34's H200 GPT-layer measurement (0.61-0.67 of 989 TFLOP/s at h 4096-12288, seq 2048-4096), "
+              "Calculon's curve shape (h100_80g_nvl8.json); attention core: FlashAttention-3's H100 benchmark "
+              "(Shah et al. 2024, Figs. 5-6, forward + backward)", 0.687, 0.577, 0.523, 42.4, 0.9)
 BUILTIN: dict[str, Curve] = {"dgx-a100": _A100, "a800": _A100, "dgx-h100": _H100, "h800": _H100}
 FIELDS = ("gemm_max", "gemm_half_gflop", "attention_max", "attention_half_gflop", "hbm_share")
 

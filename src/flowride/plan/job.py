@@ -55,7 +55,8 @@ class Model(Strict):
     mlp: Literal["gelu", "swiglu"] = "gelu"  # two matrices (h x f, f x h), or three (gate, up, down)
     tied_embeddings: bool = True  # the logit layer shares the embedding (one V x h counted); false: two
     recompute: Literal["none", "selective", "full"] = "none"  # activation recomputation (Korthikanti et al. 2022)
-    flash_attention: bool = False  # the s x s attention scores are not stored (memory only)
+    flash_attention: bool = False  # the s x s attention scores are never stored; with `causal`, the masked half is skipped
+    causal: bool = True  # a decoder's causal mask: a FlashAttention kernel skips the masked half of the scores
     params: float | None = Field(default=None, gt=0, le=1e15)  # stated count; default from the shape
     bytes_per_value: int = Field(default=2, ge=1, le=8)  # bf16 activations and gradients
     grad_bytes: Literal[2, 4] = 4  # gradient buffer per parameter: fp32 as Megatron (4), or bf16 (2)

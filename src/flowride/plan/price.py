@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from flowride.plan.comm import Group, Priced, Pricer, p2p_seconds
 from flowride.plan.costs import (
+    attention_share,
     chunk_costs,
     chunk_layers,
     cp_chunk_bytes,
@@ -201,7 +202,8 @@ def assumptions(job: Job) -> list[str]:
                        "(an assumption)")
         else:
             out.append(f"compute op by op (Megatron's GPT layer with {job.kv_heads} of {job.heads} K/V heads and a {m.mlp} MLP "
-                       f"of width {job.ffn_hidden}: QKV, projection, MLP GEMMs and the logits; the attention core; layer norms, "
+                       f"of width {job.ffn_hidden}: QKV, projection, MLP GEMMs and the logits; the attention core"
+                       f"{' (causal: half the scores, as FlashAttention skips the masked tiles)' if attention_share(job) < 1 else ''}; layer norms, "
                        f"dropout-adds, the activation{'' if m.flash_attention else ' and the scores softmax'} as HBM bytes; each "
                        f"GEMM's input and weight gradient at its forward's cost, the attention core's backward twice its "
                        f"forward, the memory-bound kernels' bytes 1.5 times{rc}) at {job.peak_tflops:g} TFLOP/s peak; {eff.describe()}")
