@@ -177,7 +177,13 @@ def cmd_synth(a: argparse.Namespace) -> int:
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
-    from flowride.program import is_msccl_path, load_as_schedule, verify_msccl
+    from flowride.program import (
+        is_msccl_path,
+        is_mscclpp_path,
+        load_as_schedule,
+        verify_msccl,
+        verify_mscclpp,
+    )
     from flowride.schedule import simulate
     from flowride.synth.bounds import lower_bounds
 
@@ -199,6 +205,17 @@ def cmd_verify(a: argparse.Namespace) -> int:
                                  f"cannot place it ({v.unplaced})\n{ran}"), highlight=False, soft_wrap=True)
             return 0
         sched, sim = v.schedule, v.sim
+    elif is_mscclpp_path(a.schedule):
+        # the plan's rules and its symbolic run judge (InvalidSchedule, exit 1); the schedule model times it where it can
+        if a.sms is not None:
+            raise InputError("--sms", "applies to MSCCL algorithm XML only", "leave it out for an MSCCL++ plan")
+        vp = verify_mscclpp(a.schedule)
+        ran = vp.summary()
+        if vp.schedule is None:
+            console.print(escape(f"valid: {vp.collective} on {vp.ngpus} GPUs by the MSCCL++ executor's rules; not timed, the schedule "
+                                 f"model cannot place it ({vp.unplaced})\n{ran}"), highlight=False, soft_wrap=True)
+            return 0
+        sched, sim = vp.schedule, vp.sim
     else:
         if a.sms is not None:
             raise InputError("--sms", "applies to MSCCL algorithm XML only", "leave it out for a schedule JSON")
@@ -272,7 +289,7 @@ def add_synth(sub) -> None:
 
 def add_verify(sub) -> None:
     """``flowride verify``."""
-    v = sub.add_parser("verify", help="replay a schedule (JSON) or an MSCCL algorithm (XML) and check it")
+    v = sub.add_parser("verify", help="replay a schedule (JSON), an MSCCL algorithm (XML) or an MSCCL++ execution plan (JSON) and check it")
     v.add_argument("schedule")
     v.add_argument("--strict", action="store_true",
                    help="XML: fail (exit 1) on what the executor would refuse to load or run otherwise than written, not only warn")

@@ -1,7 +1,9 @@
 """MSCCL algorithms per message-size range: synthesize across sizes, pick per size the candidate
 the model says is fastest, merge neighbouring sizes with the same pick into ranges (split again
 wherever one schedule would lose more than ``max_loss`` at a size), and write one MSCCL XML per
-range with ``minBytes``/``maxBytes``, plus ``ranges.json`` and ``ranges.md``.
+range with ``minBytes``/``maxBytes``, plus ``ranges.json`` and ``ranges.md``; on request one
+MSCCL++ execution plan per range too (:func:`write_mscclpp_ranges`, ``min_message_size`` and
+``max_message_size`` the same inclusive bounds, as MSCCL++'s ``execution_plan.cc`` checks them).
 
 How MSCCL picks (Azure/msccl-executor-nccl, ``src/misc/msccl/msccl_lifecycle.cc``, the internal
 scheduler; Azure/msccl-scheduler does the same): an algorithm of the right collective, rank
@@ -33,7 +35,7 @@ from flowride.api import retimed
 from flowride.collectives.demand import Collective, make_demand
 from flowride.errors import InputError
 from flowride.files import check_output_dir, check_output_tree, write_json_atomic, write_text_atomic
-from flowride.program import from_msccl_xml, lower, to_msccl_xml
+from flowride.program import from_msccl_xml, lower, to_msccl_xml, to_mscclpp
 from flowride.program.msccl_limits import PROTOS
 from flowride.schedule.ir import Schedule
 from flowride.schedule.metrics import run_bytes
@@ -103,9 +105,10 @@ class RangeAlgo:
     worst_loss: float  # max over the range's sizes of (that schedule at that size / the size's own); <= max_loss
     file: str = ""
     nccl: list[dict] = field(default_factory=list)  # per swept size: NCCL's best modelled algorithm, its time, our speedup
+    mscclpp: str = ""  # the MSCCL++ execution plan written for this range, if asked for
 
     def as_dict(self) -> dict:
-        return {"file": self.file, "min_bytes": self.min_bytes, "max_bytes": self.max_bytes, "chunks": self.chunks,
+        return {"file": self.file, **({"mscclpp": self.mscclpp} if self.mscclpp else {}), "min_bytes": self.min_bytes, "max_bytes": self.max_bytes, "chunks": self.chunks,
                 "epoch": self.pick.epoch, "proto": self.proto, "sizes": self.sizes, "schedule_from_size": self.from_size,
                 "worst_loss": self.worst_loss, "method": self.schedule.meta.get("method"), "nccl": self.nccl}
 
@@ -360,6 +363,35 @@ def write_ranges(plan: RangePlan, out_dir: str | Path, unfused: bool = False, cl
     return [p for p, _ in texts] + [d / f for f in RANGE_FILES]
 
 
+def mscclpp_proto(proto: str) -> str:
+    """MSCCL++ has the Simple and LL protocols: a range NCCL's model gives LL keeps it; LL128 and
+    Simple ranges are written Simple (LL128's 128-byte lines have no MSCCL++ counterpart)."""
+    return "LL" if proto == "LL" else "Simple"
+
+
+def write_mscclpp_ranges(plan: RangePlan, out_dir: str | Path, ranges_dir: str | Path | None = None) -> list[Path]:
+    """One MSCCL++ execution plan per range in ``out_dir`` (each built and checked by
+    :func:`~flowride.program.to_mscclpp` before any is written), the range's bounds its
+    ``min_message_size``/``max_message_size``; with ``ranges_dir`` (a range export's folder) the
+    files are recorded in its ``ranges.json`` and ``ranges.md``."""
+    d = check_output_dir(out_dir, "mscclpp")
+    plans = []
+    for r in plan.ranges:
+        name = f"{plan.collective}_{plan.gpus}gpus_{r.min_bytes}-{r.max_bytes or 'open'}.json"
+        plans.append((d / name, to_mscclpp(lower(r.schedule), r.schedule.topology, proto=mscclpp_proto(r.proto),
+                                           name=f"flowride {plan.collective} {plan.topology} {r.min_bytes}-{r.max_bytes or 'open'}",
+                                           min_bytes=r.min_bytes, max_bytes=r.max_bytes or None)))
+        r.mscclpp = str(d / name)
+    d.mkdir(parents=True, exist_ok=True)
+    for path, obj in plans:
+        write_json_atomic(path, obj, indent=1)
+    if ranges_dir is not None:
+        rd = Path(ranges_dir)
+        write_json_atomic(rd / "ranges.json", plan.as_dict(), indent=1)
+        write_text_atomic(rd / "ranges.md", plan.markdown())
+    return [p for p, _ in plans]
+
+
 def check_no_relays(topo: Topology) -> None:
     """A range export needs a topology without relay nodes: the schedules of its ranges are not
     known before the sweep, and one relaying through a GPU outside the group cannot be lowered
@@ -385,10 +417,14 @@ def check_export(topo: Topology, collective: Collective | str, out_dir: str | Pa
 def export_ranges(topo: Topology, collective: Collective | str, sizes: list[int], out_dir: str | Path,
                   chunk_options: tuple[int, ...] = (1, 2, 4), epochs: tuple[str, ...] = ("fast",), opts: SynthOptions | None = None,
                   proto: str = "auto", unfused: bool = False, progress: Progress | None = None, max_loss: float = DEFAULT_MAX_LOSS,
-                  clean: bool = False) -> RangePlan:
-    """:func:`check_export`, :func:`plan_ranges`, then :func:`write_ranges`: the one call behind
-    ``flowride export --sizes``."""
+                  clean: bool = False, mscclpp_dir: str | Path | None = None) -> RangePlan:
+    """:func:`check_export`, :func:`plan_ranges`, then :func:`write_ranges` (and, with
+    ``mscclpp_dir``, :func:`write_mscclpp_ranges`): the one call behind ``flowride export --sizes``."""
     check_export(topo, collective, out_dir, clean)
+    if mscclpp_dir is not None:
+        check_output_dir(mscclpp_dir, "mscclpp")
     plan = plan_ranges(topo, collective, sizes, chunk_options, epochs, opts, proto, progress, max_loss=max_loss)
     write_ranges(plan, out_dir, unfused, clean)
+    if mscclpp_dir is not None:
+        write_mscclpp_ranges(plan, mscclpp_dir, out_dir)
     return plan

@@ -1,0 +1,289 @@
+"""MSCCL++ execution plans: flowride's plans keep the executor's rules and compute their
+collective (symbolic run), every broken rule is caught, mscclpp's own example plans read, verify
+and are timed, and ``flowride verify`` takes plans beside schedules and MSCCL XML."""
+
+from __future__ import annotations
+
+import copy
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clirun import assert_clean_error, cli
+from flowride.errors import InputError, InvalidSchedule
+from flowride.program import (
+    check_program,
+    check_rules,
+    from_mscclpp_json,
+    is_mscclpp_path,
+    load_as_schedule,
+    lower,
+    parse_plan,
+    read_mscclpp,
+    to_mscclpp,
+    verify_mscclpp,
+    write_mscclpp,
+)
+from flowride.program.mscclpp_exec import run_plan
+from flowride.schedule.reduce import allreduce_from_allgather, reduce_scatter_from_allgather
+from flowride.topology.builtins import build_topology
+from test_msccl import _baseline, schedules
+from test_properties import topologies
+
+DATA = Path(__file__).resolve().parent / "data" / "mscclpp"
+EXAMPLES = ["allreduce.json", "allreduce_packet.json"]
+COLLS = ["allgather", "alltoall", "reducescatter", "allreduce"]
+
+
+@cache
+def plan_of(name: str, coll: str, proto: str, **params) -> dict:
+    topo = build_topology(name, **params)
+    sched = schedules(name, 2, **params)[COLLS.index(coll)]
+    return to_mscclpp(lower(sched), topo, proto=proto)
+
+
+def judge(obj: dict) -> tuple[list[str], list[str]]:
+    """(rule findings, symbolic-run problems) of a plan given as JSON."""
+    plan = parse_plan(json.loads(json.dumps(obj)))
+    found = check_rules(plan)
+    return found, ([] if found else run_plan(plan).problems)
+
+
+def channel_types(obj: dict) -> set[str]:
+    return {c["channel_type"] for g in obj["gpus"] for c in g["channels"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# flowride's plans
+
+
+@pytest.mark.parametrize("proto", ["Simple", "LL"])
+@pytest.mark.parametrize("coll", COLLS)
+@pytest.mark.parametrize("name,params,chans", [("dgx1", {}, {"memory"}), ("ndv2", {"chassis": 2}, {"memory", "port"})])
+def test_written_plans_keep_the_rules_and_compute_the_collective(name, params, chans, coll, proto):
+    obj = plan_of(name, coll, proto, **params)
+    assert (obj["collective"], obj["protocol"], obj["inplace"]) == (coll, proto, False)
+    assert channel_types(obj) == chans
+    assert judge(obj) == ([], [])
+    names = {op["name"] for g in obj["gpus"] for tb in g["threadblocks"] for op in tb["ops"]}
+    if proto == "LL":
+        assert not names & {"signal", "wait", "put", "pwsf"} and "ppkt" in names and obj["use_double_scratch_buffer"]
+    else:
+        assert {"put", "signal", "wait"} <= names and not names & {"ppkt", "upkt"}
+        assert ("pwsf" in names) == ("port" in chans)
+    if coll in ("reducescatter", "allreduce"):
+        assert names & {"re", "repkt"}
+    # read back into flowride's IR: the same collective, computed
+    prog = from_mscclpp_json(obj)
+    assert prog.collective.value == coll and check_program(prog) == []
+
+
+def test_relays_use_scratch_and_ranges_are_written(tmp_path):
+    topo = build_topology("ring", n=4)
+    sched = _baseline(topo, "allgather", 1)  # a ring relays: chunks pass through GPUs that do not own them
+    prog = lower(sched)
+    path = write_mscclpp(prog, topo, tmp_path / "ag.json", proto="LL", name="ring-ag", min_bytes=1024, max_bytes=1 << 20)
+    obj = json.loads(path.read_text())
+    assert (obj["name"], obj["min_message_size"], obj["max_message_size"]) == ("ring-ag", 1024, 1 << 20)
+    assert all(g["scratch_chunks"] > 0 for g in obj["gpus"])
+    v = verify_mscclpp(path)
+    assert v.schedule is not None and v.sim.valid, v.unplaced
+    assert is_mscclpp_path(path) and load_as_schedule(path).collective.value == "allgather"
+
+
+def test_writer_refuses_bad_arguments():
+    topo = build_topology("dgx1")
+    prog = lower(schedules("dgx1", 2)[0])
+    with pytest.raises(InputError, match="proto"):
+        to_mscclpp(prog, topo, proto="LL128")
+    with pytest.raises(InputError, match="topology"):
+        to_mscclpp(prog, "dgx1")
+    with pytest.raises(InputError, match="not a GPU of topology"):
+        to_mscclpp(prog, build_topology("ring", n=4))
+    with pytest.raises(InputError, match="min_bytes"):
+        to_mscclpp(prog, topo, min_bytes=10, max_bytes=5)
+
+
+@settings(max_examples=20, deadline=None)
+@given(topo=topologies(max_gpus=4), coll=st.sampled_from(COLLS), proto=st.sampled_from(["Simple", "LL"]),
+       chunks=st.sampled_from([1, 2]))
+def test_random_topologies_give_plans_that_verify(topo, coll, proto, chunks):
+    if coll in ("allgather", "alltoall"):
+        sched = _baseline(topo, coll, chunks)
+    else:
+        rev = _baseline(topo.reversed(), "allgather", chunks)
+        sched = (reduce_scatter_from_allgather(rev, topo) if coll == "reducescatter"
+                 else allreduce_from_allgather(rev, _baseline(topo, "allgather", chunks), topo))
+    obj = to_mscclpp(lower(sched), topo, proto=proto)
+    assert judge(obj) == ([], [])
+    assert check_program(from_mscclpp_json(obj)) == []  # and back into flowride's IR
+    groups = {nd.group for nd in topo.nodes if nd.is_gpu}
+    assert ("port" in channel_types(obj)) <= (len(groups) > 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The checker catches each broken rule
+
+
+def ops_of(obj: dict, gpu: int) -> list[dict]:
+    return obj["gpus"][gpu]["threadblocks"][0]["ops"]
+
+
+def first(obj: dict, gpu: int, name: str) -> int:
+    return next(i for i, op in enumerate(ops_of(obj, gpu)) if op["name"] == name)
+
+
+def mutated(fn) -> dict:
+    obj = copy.deepcopy(plan_of("dgx1", "allgather", "Simple"))
+    fn(obj)
+    return obj
+
+
+def _drop_wait(o):
+    del ops_of(o, 1)[first(o, 1, "wait")]
+
+
+def _drop_nop_after_wait(o):
+    ops = ops_of(o, 1)
+    i = next(i for i in range(len(ops) - 1) if ops[i]["name"] == "wait" and ops[i + 1]["name"] == "nop" and ops[i + 2]["name"] != "wait")
+    del ops[i + 1]
+
+
+def _drop_nop_before_signal(o):
+    ops = ops_of(o, 0)
+    i = first(o, 0, "signal")
+    assert ops[i - 1]["name"] == "nop"
+    del ops[i - 1]
+
+
+def _index_out_of_range(o):
+    ops_of(o, 0)[first(o, 0, "put")]["dst_buff"][0]["index"] = 64
+
+
+def _local_out_of_range(o):
+    ops_of(o, 0)[first(o, 0, "put")]["src_buff"][0]["index"] = 2
+
+
+def _undeclared_channel(o):
+    ops_of(o, 0)[first(o, 0, "signal")]["channel_ids"] = [9]
+
+
+def _unknown_buffer(o):
+    ops_of(o, 0)[first(o, 0, "put")]["dst_buff"][0]["buffer_id"] = 7
+
+
+def _unpaired_channel(o):
+    o["gpus"][0]["channels"][0]["connected_to"].append(o["gpus"][0]["channels"][0]["connected_to"][0])
+
+
+def _tb_ids(o):
+    o["gpus"][0]["threadblocks"][0]["id"] = 3
+
+
+def _wait_before_signal(o):  # every GPU waits for its first signal before sending anything: a circle
+    for g in range(len(o["gpus"])):
+        ops = ops_of(o, g)
+        w = ops.pop(first(o, g, "wait"))
+        ops.insert(0, w)
+        ops.insert(1, {"name": "nop"})
+
+
+RULES = [
+    (_drop_wait, "every signal needs its wait"),
+    (_drop_nop_after_wait, "follows a wait with no nop"),
+    (_drop_nop_before_signal, "follows a data op with no nop"),
+    (_index_out_of_range, "lie outside its 16 chunks"),
+    (_local_out_of_range, "lie outside its 2 chunks"),
+    (_undeclared_channel, "is not among the thread block's"),
+    (_unknown_buffer, "buffer_id 7 is not among"),
+    (_unpaired_channel, "channels pair one to one"),
+    (_tb_ids, "thread block ids must run 0, 1"),
+    (_wait_before_signal, "cycle: thread blocks wait on each other"),
+]
+
+
+@pytest.mark.parametrize("mutate,needle", RULES, ids=[f.__name__ for f, _ in RULES])
+def test_checker_catches_each_broken_rule(mutate, needle):
+    found, _ = judge(mutated(mutate))
+    assert any(needle in f for f in found), found
+
+
+def _race(o):  # GPU 0's first put lands unannounced: drop its signal and the matching wait
+    del ops_of(o, 0)[first(o, 0, "signal")]
+    peer = ops_of(o, 0)[first(o, 0, "put")]["channel_ids"][0]
+    to = o["gpus"][0]["channels"][0]["connected_to"][peer]
+    back = o["gpus"][to]["channels"][0]["connected_to"].index(0)
+    ops = ops_of(o, to)
+    del ops[next(i for i, op in enumerate(ops) if op["name"] == "wait" and op["channel_ids"] == [back])]
+
+
+def _wrong_chunk(o):
+    ops_of(o, 0)[first(o, 0, "put")]["src_buff"][0]["index"] = 1
+
+
+@pytest.mark.parametrize("mutate,needle", [(_race, "a race"), (_wrong_chunk, "expected chunk")])
+def test_symbolic_run_catches_races_and_wrong_results(mutate, needle):
+    obj = mutated(mutate)
+    found, problems = judge(obj)
+    assert found == [] and problems and any(needle in p for p in problems), problems
+    with pytest.raises(InvalidSchedule, match="does not compute the allgather"):
+        from_mscclpp_json(obj)
+
+
+@pytest.mark.parametrize("obj,path,problem", [
+    ({"name": "x"}, "plan.collective", "is missing"),
+    ({"name": "x", "collective": "broadcast", "protocol": "Simple", "inplace": False, "gpus": []}, "plan.collective", "not a collective"),
+    ({"name": "x", "collective": "allgather", "protocol": "LL128", "inplace": False, "gpus": []}, "plan.protocol", "not a protocol"),
+])
+def test_malformed_plans_name_the_json_path(obj, path, problem):
+    with pytest.raises(InputError) as e:
+        parse_plan(obj)
+    assert e.value.field == path and problem in e.value.problem
+
+
+def test_unknown_op_names_its_path():
+    obj = copy.deepcopy(plan_of("dgx1", "allgather", "Simple"))
+    ops_of(obj, 1)[0]["name"] = "teleport"
+    with pytest.raises(InputError) as e:
+        parse_plan(obj)
+    assert e.value.field == "plan.gpus[1].threadblocks[0].ops[0].name" and "not an MSCCL++ operation" in e.value.problem
+
+
+# ---------------------------------------------------------------------------------------------
+# mscclpp's own plans, and the CLI
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_mscclpp_example_plans_read_verify_and_are_timed(name):
+    v = verify_mscclpp(DATA / name)
+    assert (v.collective, v.ngpus, v.inplace) == ("allreduce", 2, True)
+    assert v.schedule is not None and v.sim.valid and v.sim.finish_time_s > 0, v.unplaced
+    prog = read_mscclpp(DATA / name)
+    assert check_program(prog) == [] and prog.chunks * prog.ngpus == json.loads((DATA / name).read_text())["gpus"][0]["input_chunks"]
+
+
+def test_cli_verify_takes_plans_schedules_and_refuses_broken_plans(tmp_path):
+    r = cli("verify", DATA / "allreduce.json")
+    assert r.code == 0 and "valid:" in r.out and "MSCCL++ rules hold" in r.out, (r.out, r.err)
+    sched = tmp_path / "sched.json"
+    schedules("dgx1", 2)[0].save(sched)
+    r = cli("verify", sched)
+    assert r.code == 0 and "valid:" in r.out and "MSCCL++" not in r.out
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(mutated(_drop_wait)))
+    assert_clean_error(cli("verify", bad), 1, "breaks the executor's rules", "every signal needs its wait")
+    odd = copy.deepcopy(plan_of("dgx1", "allgather", "Simple"))
+    ops_of(odd, 0)[0]["name"] = "teleport"
+    (tmp_path / "odd.json").write_text(json.dumps(odd))
+    assert_clean_error(cli("verify", tmp_path / "odd.json"), 2, "plan.gpus[0].threadblocks[0].ops[0].name")
+    assert_clean_error(cli("verify", DATA / "allreduce.json", "--sms", "80"), 2, "--sms")
+
+
+def test_data_op_without_buffers_is_a_finding_not_a_crash():
+    obj = mutated(lambda o: ops_of(o, 0)[first(o, 0, "put")].pop("src_buff"))
+    found, _ = judge(obj)
+    assert any("names no src_buff" in f for f in found), found
