@@ -1,6 +1,7 @@
 """``flowride export``: a schedule written as an MSCCL algorithm XML, or, with a topology and a
 size sweep, MSCCL algorithms per message-size range (synthesized, picked and checked by
-:func:`flowride.sweep.export_ranges`)."""
+:func:`flowride.sweep.export_ranges`), or with ``--nccl-tuner FILE`` the CSV NCCL's example tuner
+plugin reads (:func:`flowride.sweep.export_nccl_tuner`, docs/nccl_tuner.md)."""
 
 from __future__ import annotations
 
@@ -12,29 +13,44 @@ from flowride.cli.sweep import SweepView, ranges_table, sweep_args, sweep_of
 from flowride.errors import InputError
 from flowride.sizes import DEFAULT_MAX_LOSS
 
+TUNER_SIZES = "1K:1G:x2"  # the default sweep of --nccl-tuner: 1 KiB to 1 GiB, doubling (21 sizes)
 RANGE_DEFAULTS = {"collective": "allgather", "chunk_options": "1,2,4", "epochs": "fast", "method": "auto"}
 
 
 def cmd_export(a: argparse.Namespace) -> int:
-    from flowride.program import lower, write_msccl
+    from flowride.program import lower, write_msccl, write_mscclpp
     from flowride.schedule import load_schedule
 
     sizes = sweep_of(a)
+    if a.nccl_tuner:
+        return _export_tuner(a, sizes)
     if a.topology or sizes is not None or a.out_dir:
         return _export_ranges(a, sizes)
     if not a.schedule:
         raise InputError("schedule", "no schedule given", "name a schedule JSON, or give --topology, --collective, --sizes and --out-dir")
-    if not a.msccl:
-        raise InputError("--msccl", "no output given", "name the XML file to write, e.g. --msccl algo.xml")
+    if not (a.msccl or a.mscclpp):
+        raise InputError("--msccl/--mscclpp", "no output given", "name the MSCCL XML file to write (--msccl algo.xml) or the "
+                         "folder for an MSCCL++ execution plan (--mscclpp plans/), or both")
     refuse_unused(a, "in a range export (--topology, --sizes, --out-dir)", "leave it out to export one schedule",
                   collective="--collective", chunk_options="--chunk-options", epochs="--epochs", method="--method",
                   time_limit="--time-limit", max_loss="--max-loss", clean="--clean", json="--json")
+    if a.mscclpp and a.unfused and not a.msccl:
+        raise InputError("--unfused", "applies to MSCCL XML only", "leave it out, or add --msccl FILE")
     sched = load_schedule(a.schedule)
     prog = lower(sched)
-    write_msccl(prog, a.msccl, unfused=a.unfused, proto=a.proto or "Simple")
     steps = sum(len(g.steps) for g in prog.gpus)
-    kind = "unfused (s/r/rrc/nop)" if a.unfused else "MSCCL"
-    console.print(f"{kind} algorithm for {prog.collective.value} on {prog.ngpus} GPUs, {steps} steps, written to {a.msccl}")
+    if a.mscclpp:  # built and checked before anything is written
+        from pathlib import Path
+
+        with as_options(proto="--proto"):
+            path = write_mscclpp(prog, sched.topology, Path(a.mscclpp) / f"{Path(a.schedule).stem}.json", proto=a.proto or "Simple",
+                                 name=f"flowride {prog.collective.value} {sched.topology.name}")
+        console.print(f"MSCCL++ execution plan for {prog.collective.value} on {prog.ngpus} GPUs ({a.proto or 'Simple'}), "
+                      f"written to {path}")
+    if a.msccl:
+        write_msccl(prog, a.msccl, unfused=a.unfused, proto=a.proto or "Simple")
+        kind = "unfused (s/r/rrc/nop)" if a.unfused else "MSCCL"
+        console.print(f"{kind} algorithm for {prog.collective.value} on {prog.ngpus} GPUs, {steps} steps, written to {a.msccl}")
     return 0
 
 
@@ -77,10 +93,49 @@ def _export_ranges(a: argparse.Namespace, sizes: list[int] | None) -> int:
              "max_loss": "--max-loss"}
     with err.status("[bold]export[/bold] sweeping sizes") as st, as_options(**names):
         plan = export_ranges(topo, a.collective, sizes, a.out_dir, chunks, epochs, opts, a.proto or "auto", a.unfused, SweepView(st),
-                             max_loss=DEFAULT_MAX_LOSS if a.max_loss is None else a.max_loss, clean=a.clean)
+                             max_loss=DEFAULT_MAX_LOSS if a.max_loss is None else a.max_loss, clean=a.clean, mscclpp_dir=a.mscclpp)
     ranges_table(plan).print()
+    pp = (f" {len(plan.ranges)} MSCCL++ execution plan(s) in {a.mscclpp} (LL ranges LL, the others Simple)." if a.mscclpp else "")
     console.print(f"written to {a.out_dir}: {len(plan.ranges)} XML file(s) under xml/ (point MSCCL_ALGO_DIR there), ranges.json, "
-                  f"ranges.md. Protocol: not chosen by the model; {plan.protocol_rule}.", soft_wrap=True)
+                  f"ranges.md. Protocol: not chosen by the model; {plan.protocol_rule}.{pp}", soft_wrap=True)
+    return 0
+
+
+def _export_tuner(a: argparse.Namespace, sizes: list[int] | None) -> int:
+    """``flowride export --nccl-tuner FILE --topology T [--collective C,...] [--sizes ...]``."""
+    from flowride.cli.sweep import SweepTable
+    from flowride.cli.topology import load_topology
+    from flowride.sweep import export_nccl_tuner, side_table_path, tuner_collectives
+    from flowride.units import sweep_sizes
+
+    if a.msccl:
+        raise InputError("--msccl", "is given together with --nccl-tuner", "export one at a time: an MSCCL XML or a tuner CSV")
+    if a.schedule:
+        raise InputError("schedule", "is given together with --nccl-tuner", "leave the schedule out: the tuner export models "
+                         "NCCL's algorithms on --topology")
+    if not a.topology:
+        raise InputError("--topology", "is missing for --nccl-tuner", "name the topology, e.g. -t dgx1 or -t fabric --node "
+                         "dgx-h100 --nodes 2")
+    refuse_unused(a, "in an MSCCL export", "leave it out with --nccl-tuner", out_dir="--out-dir", chunk_options="--chunk-options",
+                  epochs="--epochs", method="--method", time_limit="--time-limit", max_loss="--max-loss", clean="--clean",
+                  proto="--proto", unfused="--unfused", json="--json", mscclpp="--mscclpp")
+    with as_options(collective="--collective"):
+        colls = tuner_collectives(a.collective)
+    sizes = sizes if sizes is not None else sweep_sizes(sizes=TUNER_SIZES)
+    topo = load_topology(a)
+    names = {"collective": "--collective", "sizes": "--sizes", "nccl_tuner": "--nccl-tuner"}
+    with err.status("[bold]export[/bold] modelling NCCL's algorithms") as st, as_options(**names):
+        plan = export_nccl_tuner(topo, colls, sizes, a.nccl_tuner, SweepView(st))
+    t = SweepTable(f"NCCL tuner overrides for {plan.topology} ({plan.gpus} ranks, {plan.nodes} node(s)): flowride's pick vs "
+                   "NCCL's default per size range; times: flowride's model (us)", [("", c, "") for c in plan.COLUMNS[:-1]],
+                   left=frozenset({"collective", "swept sizes", "flowride's pick", "NCCL's default", "row"}))
+    for row in plan.table_rows():
+        t.add_row(*row[:-1])
+    t.print()
+    per = ", ".join(f"{c} {plan.disagreements(c)}/{len(plan.sizes)}" for c in plan.collectives)
+    console.print(f"{len(plan.rows)} row(s) written to {a.nccl_tuner} (point NCCL_TUNER_CONFIG_FILE there, with "
+                  f"NCCL_TUNER_PLUGIN naming the example plugin); why each range: {side_table_path(a.nccl_tuner)}. "
+                  f"Sizes where the picks differ: {per}.", soft_wrap=True)
     return 0
 
 
@@ -89,12 +144,21 @@ def add_export(sub) -> None:
     ex = sub.add_parser("export", help="write a schedule as an MSCCL algorithm XML, or MSCCL algorithms per size range")
     ex.add_argument("schedule", nargs="?", help="the schedule JSON (single export, with --msccl)")
     ex.add_argument("--msccl", type=out_file, help="the XML file to write")
+    ex.add_argument("--mscclpp", type=out_dir, metavar="DIR",
+                    help="write the schedule (or, in a range export, each range) as an MSCCL++ execution plan JSON in DIR "
+                         "(--proto Simple or LL; a range keeps LL, others Simple; docs/mscclpp.md)")
+    ex.add_argument("--nccl-tuner", type=out_file, metavar="FILE",
+                    help="write the CSV NCCL's example tuner plugin reads (NCCL_TUNER_CONFIG_FILE): per collective and size "
+                         "range, the algorithm/protocol flowride's model of NCCL's algorithms prefers where NCCL's own cost "
+                         f"model picks otherwise; needs --topology; sizes from -b/-e/-f or --sizes (default {TUNER_SIZES}); "
+                         "the side table goes to FILE.md (docs/nccl_tuner.md)")
     ex.add_argument("--unfused", action="store_true", help="only s, r, rrc and nop steps (what ASTRA-sim's converter reads)")
     ex.add_argument("--proto", choices=["Simple", "LL128", "LL"], help="MSCCL protocol attribute (default: Simple; range export: "
                     "chosen per size by NCCL's cost model)")
     r = ex.add_argument_group("range export: synthesize across sizes, one XML per size range")
     topology_args(r, required=False)
-    r.add_argument("--collective", "-c", help="allgather (default), alltoall, reducescatter or allreduce")
+    r.add_argument("--collective", "-c", help="allgather (default), alltoall, reducescatter or allreduce; --nccl-tuner: a comma "
+                   "list (default allgather,reducescatter,allreduce)")
     r.add_argument("--out-dir", type=out_dir, help="write xml/*.xml, ranges.json and ranges.md here")
     r.add_argument("--chunk-options", help="chunks per block to choose from at each size (default 1,2,4)")
     r.add_argument("--epochs", help="epoch presets to choose from: fast, slow or fast,slow (default fast)")

@@ -77,6 +77,11 @@ def _log2i(n: int) -> int:
     return max(0, int(math.floor(math.log2(n)))) if n > 0 else 0
 
 
+def assumed_channels(nodes: int, nics: int) -> int:
+    """The channels this model gives NCCL: one per NIC across nodes, 12 within one node."""
+    return max(1, nics if nodes > 1 else 12)
+
+
 def estimates(coll: Collective | str, m: Machine, size_bytes: int) -> list[Estimate]:
     """Every (algorithm, protocol) NCCL would consider for ``coll`` of ``size_bytes`` (the output
     per GPU for AllGather, the input for ReduceScatter, the buffer for AllReduce and AlltoAll),
@@ -91,7 +96,7 @@ def estimates(coll: Collective | str, m: Machine, size_bytes: int) -> list[Estim
     else:
         inter_bw = 0.0
         ring_bus = intra_bw
-    ring_channels = max(1, m.nics if nodes > 1 else 12)
+    ring_channels = assumed_channels(nodes, m.nics)
     nsteps = 2 * (n - 1) if c is Collective.ALLREDUCE else n - 1
     n_inter = 0 if nodes == 1 else (2 * (nodes - 1) if c is Collective.ALLREDUCE else nodes - 1)
     net_overhead = 1.0 if nodes > 1 else 0.0
