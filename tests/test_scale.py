@@ -139,9 +139,9 @@ def test_trees_meet_the_published_ndv2_optimum():
 
 
 def test_trees_on_a_256_gpu_torus_stay_within_the_target():
-    # 20 s reached 1.2x on a faster day and 1.79x on a slower one (the trees' scheduling ran out of
-    # time); 45 s reaches 1.21x there in ~40 s
-    out = synthesize(torus(16, 16), "allgather", 10**9, "fast", method="trees", time_limit=45)
+    # no time limit: with one, a loaded machine decides the result (45 s gave 1.21x on a quiet day and
+    # 1.79x under a load of 4, the trees' scheduling cut short); unlimited it is 1.21x in ~110 s of CPU
+    out = synthesize(torus(16, 16), "allgather", 10**9, "fast", method="trees", time_limit=None)
     rep = out.report()
     assert rep["verified"] and rep["gpus"] == 256
     assert rep["ratio_to_lower_bound"] <= 1.5
