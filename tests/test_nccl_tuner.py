@@ -22,7 +22,17 @@ from flowride.sweep import (
     tuner_collectives,
     write_tuner,
 )
-from flowride.sweep.nccl_tuner_rules import ALGORITHMS, COLLECTIVES, COLUMNS, PROTOCOLS, SIZE_MAX
+from flowride.sweep.nccl_tuner import apply_tuner_csv, choose
+from flowride.sweep.nccl_tuner_rules import (
+    ALGORITHMS,
+    COLLECTIVES,
+    COLUMNS,
+    PROTOCOLS,
+    SIZE_MAX,
+    TunerRow,
+    match_row,
+    plugin_channels,
+)
 from flowride.topology import dgx1
 from flowride.topology.fabrics import build_fabric
 
@@ -241,3 +251,108 @@ def test_cli_export_dgx1_default_collectives(tmp_path):
 def test_cli_errors(tmp_path, args, needles):
     r = cli("export", *(a.format(d=tmp_path) for a in args), timeout=60)
     assert_clean_error(r, 2, *needles, within=30)
+
+
+# ---- the CSV applied the way the plugin applies it ----
+
+def test_match_row_is_the_plugins_first_usable_match():
+    rows = [TunerRow("allreduce", 0, 99, "tree", "ll", 4, 2, 16), TunerRow("allreduce", 0, 1000, "ring", "ll128", 8, -1, -1),
+            TunerRow("allgather", 100, 100, "ring", "simple", -1, 2, 16, 3, 1)]
+    assert match_row(rows, "allreduce", 99, 2, 16) is rows[0]  # both ends inclusive, first match wins
+    assert match_row(rows, "allreduce", 100, 2, 16) is rows[1]
+    assert match_row(rows, "allreduce", 5, 4, 32) is rows[1]  # -1: any nNodes, nRanks
+    assert match_row(rows, "allreduce", 1001, 2, 16) is None
+    assert match_row(rows, "reducescatter", 5, 2, 16) is None
+    assert match_row(rows, "allgather", 100, 2, 16) is None  # numPipeOps 3 and regBuff 1 asked for
+    assert match_row(rows, "allgather", 100, 2, 16, num_pipe_ops=3, reg_buff=1) is rows[2]
+    # a row NCCL's cost table ignores is passed over, and the search goes on
+    assert match_row(rows, "allreduce", 5, 2, 16, usable={("ring", "ll128")}) is rows[1]
+    assert match_row(rows, "allreduce", 5, 2, 16, usable=lambda a, p: a == "nvls") is None
+    parsed, _, _ = parse_tuner_csv("\n".join(r.line() for r in rows) + "\n")
+    assert match_row(parsed, "allreduce", 100, 2, 16) == rows[1]  # (line, row) pairs as parse_tuner_csv gives them
+    assert [plugin_channels(r) for r in (rows[0], rows[2], None)] == [4, 1, 1]  # -1 and no row: one channel
+
+
+def _assert_never_slower(plan: TunerPlan) -> list:
+    applied = apply_tuner_csv(plan, plan.csv())
+    assert len(applied) == len(plan.sizes) * len(plan.collectives)
+    for a in applied:
+        assert a.ratio is not None, a  # flowride's model times both the applied choice and NCCL's default
+        assert a.ratio <= 1 + 1e-12, a
+        [s] = [s for r in plan.ranges if r.collective == a.collective for s in r.sizes if s.size == a.size]
+        assert (a.row is None) == (not s.differs)  # a row exactly where the picks differ, and it is the pick
+        assert (a.choice.algorithm, a.choice.protocol) == (s.ours.algorithm, s.ours.protocol)
+        assert a.est_ratio is not None and a.est_ratio >= 1 - 1e-12  # NCCL's model: its default is its least
+    return applied
+
+
+def test_applied_csv_never_slower_on_real_plans(dgx1_plan, fabric_plan):
+    for plan in (dgx1_plan, fabric_plan):
+        applied = _assert_never_slower(plan)
+        assert sum(a.row is not None for a in applied) == sum(plan.disagreements(c) for c in plan.collectives)
+    assert any(a.ratio < 1 for a in apply_tuner_csv(fabric_plan, fabric_plan.csv()))
+
+
+PAIRS = [(a, p) for a in ("ring", "tree", "nvls_tree", "pat") for p in ("LL", "LL128", "Simple")]
+
+
+@given(st.lists(st.tuples(st.dictionaries(st.sampled_from(PAIRS), st.floats(1.0, 1e4), min_size=1),
+                          st.dictionaries(st.sampled_from(PAIRS), st.floats(1.0, 1e4)),
+                          st.dictionaries(st.sampled_from(PAIRS), st.sampled_from([1, 4, 8, 12]))), min_size=1, max_size=12))
+def test_applied_csv_never_slower_for_any_plan_the_export_writes(points):
+    """For any times the two models give (flowride's model times every pair NCCL's offers, and may
+    time more), the CSV the export writes, applied like the plugin, is never slower than NCCL's
+    default at any swept size in flowride's model."""
+    plan = TunerPlan("t", 16, 2, ["allreduce", "allgather"], [1024 * 2**k for k in range(len(points))])
+    for coll in plan.collectives:
+        picks = []
+        for size, (est, extra, chans) in zip(plan.sizes, points, strict=True):
+            ours = {k: (extra.get(k, t * 1.3), "simulated", chans.get(k, 8)) for k, t in est.items()}
+            ours.update({k: (t, "simulated", 8) for k, t in extra.items() if k not in ours})  # pairs NCCL's table ignores
+            picks.append(choose(size, ours, est))
+        plan.add(coll, picks)
+    assert check_tuner_csv(plan.csv(), tiled=True) == []
+    _assert_never_slower(plan)
+
+
+def test_pick_is_one_nccl_can_run():
+    # regression: a pair flowride's model times but NCCL's cost table ignores (here NVLS across
+    # nodes) made a row the plugin passes over, while the side table claimed its speedup
+    est = {("ring", "LL"): 20.0, ("ring", "Simple"): 30.0}
+    ours = {("ring", "LL"): (18.0, "simulated", 8), ("ring", "Simple"): (15.0, "simulated", 8), ("nvls", "Simple"): (5.0, "simulated", 1)}
+    s = choose(4096, ours, est)
+    assert (s.ours.algorithm, s.ours.protocol, s.nccl.algorithm, s.nccl.protocol) == ("ring", "simple", "ring", "ll")
+    assert s.usable == {("ring", "ll"), ("ring", "simple")} and s.times[("nvls", "simple")] == (5.0, None, 1)
+
+
+def test_applied_row_with_another_channel_count_is_untimed():
+    est = {("ring", "LL"): 20.0, ("tree", "LL"): 10.0}
+    s = choose(1024, {("ring", "LL"): (5.0, "simulated", 8), ("tree", "LL"): (9.0, "tuning model", 12)}, est)
+    plan = TunerPlan("t", 16, 2, ["allreduce"], [1024])
+    plan.add("allreduce", [s])
+    [a] = apply_tuner_csv(plan, "allreduce,0,18446744073709551615,ring,ll,8,2,16\n")
+    assert a.ratio == pytest.approx(5 / 9) and a.est_ratio == pytest.approx(2.0)
+    [b] = apply_tuner_csv(plan, "allreduce,0,18446744073709551615,ring,ll,-1,2,16\n")  # one channel: not what was timed
+    assert b.us is None and b.ratio is None and b.choice.channels == 1
+    [c] = apply_tuner_csv(plan, "allreduce,0,18446744073709551615,nvls,simple,4,2,16\n")  # ignored by NCCL: its default
+    assert c.row is None and c.ratio == 1.0
+    # regression: a -1 row was dropped by the parser though the plugin loads it (on one channel),
+    # so it was missing from overlaps too
+    assert kinds("allreduce,0,100,ring,ll,-1,2,16\nallreduce,50,200,tree,ll,4,2,16\n") == ["channels", "overlap"]
+
+
+def test_every_range_leaves_no_call_to_the_plugins_one_channel_default(dgx1_plan, fabric_plan):
+    """``--every-range``: NCCL's default is written out where the models agree, so every swept size
+    matches a row (none falls to the example plugin's one channel), the file still passes the
+    plugin's rules, and the applied choice is never slower than NCCL's default in flowride's model."""
+    from dataclasses import replace
+
+    for plan in (dgx1_plan, fabric_plan):
+        every = replace(plan, every_range=True)
+        text = every.csv()
+        assert check_tuner_csv(text, tiled=True) == []
+        assert len(every.rows) == len(plan.ranges) >= len(plan.rows)
+        assert plan is fabric_plan or len(every.rows) > len(plan.rows)  # dgx1: the models agree on most ranges
+        for a in apply_tuner_csv(every, text):
+            assert a.row is not None and a.row.channels >= 1, a
+            assert a.ratio is not None and a.ratio <= 1 + 1e-12, a

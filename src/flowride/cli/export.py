@@ -24,6 +24,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     sizes = sweep_of(a)
     if a.nccl_tuner:
         return _export_tuner(a, sizes)
+    refuse_unused(a, "with --nccl-tuner", "leave it out, or add --nccl-tuner FILE", every_range="--every-range")
     if a.topology or sizes is not None or a.out_dir:
         return _export_ranges(a, sizes)
     if not a.schedule:
@@ -125,7 +126,7 @@ def _export_tuner(a: argparse.Namespace, sizes: list[int] | None) -> int:
     topo = load_topology(a)
     names = {"collective": "--collective", "sizes": "--sizes", "nccl_tuner": "--nccl-tuner"}
     with err.status("[bold]export[/bold] modelling NCCL's algorithms") as st, as_options(**names):
-        plan = export_nccl_tuner(topo, colls, sizes, a.nccl_tuner, SweepView(st))
+        plan = export_nccl_tuner(topo, colls, sizes, a.nccl_tuner, SweepView(st), every_range=a.every_range)
     t = SweepTable(f"NCCL tuner overrides for {plan.topology} ({plan.gpus} ranks, {plan.nodes} node(s)): flowride's pick vs "
                    "NCCL's default per size range; times: flowride's model (us)", [("", c, "") for c in plan.COLUMNS[:-1]],
                    left=frozenset({"collective", "swept sizes", "flowride's pick", "NCCL's default", "row"}))
@@ -152,6 +153,9 @@ def add_export(sub) -> None:
                          "range, the algorithm/protocol flowride's model of NCCL's algorithms prefers where NCCL's own cost "
                          f"model picks otherwise; needs --topology; sizes from -b/-e/-f or --sizes (default {TUNER_SIZES}); "
                          "the side table goes to FILE.md (docs/nccl_tuner.md)")
+    ex.add_argument("--every-range", action="store_true",
+                    help="--nccl-tuner: write a row for every size range, NCCL's default where the models agree (the example "
+                         "plugin runs a call no row matches on one channel; docs/nccl_tuner.md)")
     ex.add_argument("--unfused", action="store_true", help="only s, r, rrc and nop steps (what ASTRA-sim's converter reads)")
     ex.add_argument("--proto", choices=["Simple", "LL128", "LL"], help="MSCCL protocol attribute (default: Simple; range export: "
                     "chosen per size by NCCL's cost model)")

@@ -31,6 +31,11 @@ and nRanks are the topology's hosts and GPUs, numPipeOps and regBuff ``-1`` (any
 
 The side table (:meth:`TunerPlan.markdown`) lists every range, both choices, the modelled times
 of both in flowride's model and in NCCL's, and why the row was or was not written.
+
+Only (algorithm, protocol) pairs NCCL's cost model offers are picked (:func:`choose`): the plugin
+passes over a row whose pair NCCL ignores for the call. :func:`apply_tuner_csv` applies a CSV to
+a plan's swept sizes the way the plugin does (:func:`~flowride.sweep.nccl_tuner_rules.match_row`)
+and times what runs against NCCL's default in both models (benchmarks/nccl_tuner_check.py).
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ from flowride.sweep.nccl_tuner_rules import (
     Kept,
     TunerRow,
     check_tuner_csv,
+    match_row,
+    parse_tuner_csv,
+    plugin_channels,
 )
 from flowride.synth.nccl import machine, model_nccl
 from flowride.synth.nccl_tuning import (
@@ -94,6 +102,10 @@ class SizeChoice:
     nccl_est_us: float  # NCCL's default in NCCL's model
     ours_est_us: float | None  # flowride's pick in NCCL's model
     report_best: str = ""  # the algorithm a report's ``nccl`` entry names at this size (raw simulated times, no protocol)
+    # every (algorithm, protocol) flowride's model times here, spelled as the plugin parses them:
+    # (time in flowride's model, time in NCCL's model or None, channels)
+    times: dict[tuple[str, str], tuple[float, float | None, int]] = field(default_factory=dict, repr=False)
+    usable: frozenset[tuple[str, str]] = frozenset()  # the pairs NCCL's cost table offers (the rest it ignores)
 
     @property
     def differs(self) -> bool:
@@ -191,17 +203,32 @@ def size_choice(topo: Topology, collective: Collective | str, size: int) -> Size
         for (a, p), t in mine.items():  # the simulated movement stands for NCCL's Simple time less its base latency
             factor = (t - _base(a, p)) / simple if simple > 0 else 1.0
             ours[(a, p)] = (_base(a, p) + md.time_us * factor, md.how, ch)
-    known = {k: v for k, v in ours.items() if k[0] != "p2p"}
-    if not est or not known:
+    if not est or not {k for k in ours if k[0] != "p2p"}:
         raise InputError("topology", f"{topo.name!r} gives NCCL's cost model no bandwidth to work with (no scale-up or NIC "
                          "links from a GPU)", "give a topology whose GPUs have links, e.g. -t dgx1")
+    return choose(size, ours, est, model.best.name)
+
+
+def choose(size: int, ours: dict[tuple[str, str], tuple[float, str, int]], est: dict[tuple[str, str], float],
+           report_best: str = "") -> SizeChoice:
+    """Both choices at one size from the two models' times: ``ours`` (algorithm, protocol as
+    NCCL spells it) -> (time in flowride's model, how, channels), ``est`` the same -> time in
+    NCCL's model. NCCL's default: the least of ``est``. flowride's pick: the least of ``ours``
+    among the pairs NCCL can run (those in ``est``: the plugin passes over a row NCCL's cost table
+    ignores), NCCL's default on a tie (within :data:`TIE`)."""
+    known = {k: v for k, v in ours.items() if k in est}
     default = min(est, key=lambda k: est[k])
+    if not known:
+        raise InputError("topology", "flowride's model times none of the algorithms NCCL's cost model offers here",
+                         "give a topology whose GPUs have links, e.g. -t dgx1")
     best = min(known, key=lambda k: known[k][0])
     if default in known and known[default][0] <= known[best][0] * (1 + TIE):
         best = default
     t, how, ch = known[best]
+    times = {(a, p.lower()): (v[0], est.get((a, p)), v[2]) for (a, p), v in ours.items()}
     return SizeChoice(size, Choice(best[0], best[1].lower(), ch), t, how, Choice(default[0], default[1].lower()),
-                      known[default][0] if default in known else None, est[default], est.get(best), model.best.name)
+                      known[default][0] if default in known else None, est[default], est.get(best), report_best, times,
+                      frozenset((a, p.lower()) for a, p in est))
 
 
 def nccl_channels(nodes: int, nics: int) -> int:
@@ -225,11 +252,27 @@ class TunerPlan:
     collectives: list[str]
     sizes: list[int]
     ranges: list[TunerRange] = field(default_factory=list)
+    # a row for every range, NCCL's default pair written out where the two agree (with the channels
+    # flowride's model gives it): the example plugin runs a call that no row matches on one channel
+    every_range: bool = False
+    default_channels: int = 1  # NCCL's assumed channels (:func:`nccl_channels`), for a default pair flowride does not time
+
+    def add(self, collective: str, picks: Sequence[SizeChoice]) -> None:
+        """One collective's choices, one per swept size in ascending order, merged into ranges (:func:`tile`)."""
+        for lo, hi, a, b in tile([p.size for p in picks], [p.key for p in picks]):
+            self.ranges.append(TunerRange(collective, lo, hi, list(picks[a:b + 1])))
+
+    def _row(self, r: TunerRange) -> TunerRow:
+        if r.differs:
+            return TunerRow(r.collective, r.min_bytes, r.max_bytes, r.ours.algorithm, r.ours.protocol, r.ours.channels,
+                            self.nodes, self.gpus)
+        got = r.sizes[0].times.get((r.nccl.algorithm, r.nccl.protocol))
+        ch = got[2] if got is not None and got[2] > 0 else self.default_channels
+        return TunerRow(r.collective, r.min_bytes, r.max_bytes, r.nccl.algorithm, r.nccl.protocol, ch, self.nodes, self.gpus)
 
     @property
     def rows(self) -> list[TunerRow]:
-        return [TunerRow(r.collective, r.min_bytes, r.max_bytes, r.ours.algorithm, r.ours.protocol, r.ours.channels, self.nodes,
-                         self.gpus) for r in self.ranges if r.differs]
+        return [self._row(r) for r in self.ranges if r.differs or self.every_range]
 
     def disagreements(self, collective: str) -> int:
         """Swept sizes of ``collective`` where the two choices differ."""
@@ -245,10 +288,11 @@ class TunerPlan:
                  f"# ranges left to NCCL's default: the '{DEFAULT_TAG.strip()}...' comments (the plugin skips them)"]
         if side_table:
             lines.append(f"# why each range: {side_table}"[:200])
+        if self.every_range:
+            lines.append("# --every-range: NCCL's default written out too, so no call falls to the plugin's one-channel default")
         for r in self.ranges:
-            if r.differs:
-                lines.append(TunerRow(r.collective, r.min_bytes, r.max_bytes, r.ours.algorithm, r.ours.protocol, r.ours.channels,
-                                      self.nodes, self.gpus).line())
+            if r.differs or self.every_range:
+                lines.append(self._row(r).line())
             else:
                 lines.append(Kept(r.collective, r.min_bytes, r.max_bytes, self.nodes, self.gpus, r.nccl.algorithm,
                                   r.nccl.protocol).line())
@@ -328,14 +372,16 @@ def tuner_collectives(collectives: Sequence[str] | str | None) -> list[str]:
 
 
 def plan_tuner(topo: Topology, collectives: Sequence[str] | str | None, sizes: Sequence[int],
-               progress: Callable[[dict], None] | None = None) -> TunerPlan:
-    """Both choices at every size of every collective, merged into ranges (:func:`tile`)."""
+               progress: Callable[[dict], None] | None = None, every_range: bool = False) -> TunerPlan:
+    """Both choices at every size of every collective, merged into ranges (:func:`tile`);
+    ``every_range``: a row for the ranges where they agree too (:attr:`TunerPlan.every_range`)."""
     colls = tuner_collectives(collectives)
     ss = sorted(set(int(s) for s in sizes))
     if not ss or ss[0] < 1:
         raise InputError("sizes", "none given, or one below 1 byte", "give e.g. 1KB:1GB:x2")
     m = machine(topo)
-    plan = TunerPlan(topo.name, m.ranks, m.nodes, colls, ss)
+    plan = TunerPlan(topo.name, m.ranks, m.nodes, colls, ss, every_range=every_range,
+                     default_channels=nccl_channels(m.nodes, m.nics))
     for ci, coll in enumerate(colls):
         picks = []
         for i, s in enumerate(ss):
@@ -343,8 +389,7 @@ def plan_tuner(topo: Topology, collectives: Sequence[str] | str | None, sizes: S
                 progress({"stage": "size", "i": i + 1, "of": len(ss), "size": s, "candidate": coll, "candidate_i": ci + 1,
                           "candidates": len(colls)})
             picks.append(size_choice(topo, coll, s))
-        for lo, hi, a, b in tile(ss, [p.key for p in picks]):
-            plan.ranges.append(TunerRange(coll, lo, hi, picks[a:b + 1]))
+        plan.add(coll, picks)
     return plan
 
 
@@ -368,12 +413,59 @@ def write_tuner(plan: TunerPlan, path: str | Path) -> tuple[Path, Path]:
 
 
 def export_nccl_tuner(topo: Topology, collectives: Sequence[str] | str | None, sizes: Sequence[int], path: str | Path,
-                      progress: Callable[[dict], None] | None = None) -> TunerPlan:
+                      progress: Callable[[dict], None] | None = None, every_range: bool = False) -> TunerPlan:
     """The one call behind ``flowride export --nccl-tuner FILE``: the collectives and both output
     paths checked before any modelling, then :func:`plan_tuner` and :func:`write_tuner`."""
     tuner_collectives(collectives)
     check_output_file(path, "nccl_tuner")
     check_output_file(side_table_path(path), "nccl_tuner")
-    plan = plan_tuner(topo, collectives, sizes, progress)
+    plan = plan_tuner(topo, collectives, sizes, progress, every_range)
     write_tuner(plan, path)
     return plan
+
+
+@dataclass(frozen=True)
+class Applied:
+    """One collective at one swept size with a tuner CSV applied the way the example plugin applies
+    it (:func:`flowride.sweep.nccl_tuner_rules.match_row`): the row that matched (None: NCCL's
+    default stands), the choice that runs, and both times of it and of NCCL's default in both
+    models. ``us`` is None where flowride's model has no time for the choice as the row gives it
+    (an algorithm it does not time, or another channel count than the one it timed)."""
+
+    collective: str
+    size: int
+    row: TunerRow | None
+    choice: Choice
+    us: float | None  # the applied choice, flowride's model
+    default_us: float | None  # NCCL's default, flowride's model
+    est_us: float | None  # the applied choice, NCCL's model
+    default_est_us: float  # NCCL's default, NCCL's model
+
+    @property
+    def ratio(self) -> float | None:
+        """Applied over default in flowride's model (<= 1: the CSV costs nothing here)."""
+        return self.us / self.default_us if self.us is not None and self.default_us else None
+
+    @property
+    def est_ratio(self) -> float | None:
+        """Applied over default in NCCL's model (>= 1 by definition: the default is its least)."""
+        return self.est_us / self.default_est_us if self.est_us is not None and self.default_est_us > 0 else None
+
+
+def apply_tuner_csv(plan: TunerPlan, text: str) -> list[Applied]:
+    """The CSV ``text`` applied to every swept size and collective of ``plan`` as the example plugin
+    applies it (:func:`applied_at`): what a modelled NCCL run with the file would do."""
+    rows = [r for _, r in parse_tuner_csv(text)[0]]
+    return [applied_at(rows, rg.collective, s, plan.nodes, plan.gpus) for rg in plan.ranges for s in rg.sizes]
+
+
+def applied_at(rows: Sequence[TunerRow], collective: str, s: SizeChoice, nnodes: int, nranks: int) -> Applied:
+    """The row the plugin applies to ``collective`` of ``s.size`` bytes (first usable match;
+    numPipeOps 1, regBuff 0), timed from ``s``'s tables; ``s`` may be any size, swept or not."""
+    row = match_row(rows, collective, s.size, nnodes, nranks, usable=s.usable or None)
+    if row is None:
+        return Applied(collective, s.size, None, s.nccl, s.nccl_us, s.nccl_us, s.nccl_est_us, s.nccl_est_us)
+    got = s.times.get((row.algorithm, row.protocol))
+    us = got[0] if got is not None and got[2] == plugin_channels(row) else None
+    return Applied(collective, s.size, row, Choice(row.algorithm, row.protocol, plugin_channels(row)), us, s.nccl_us,
+                   got[1] if got else None, s.nccl_est_us)

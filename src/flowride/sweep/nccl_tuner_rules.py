@@ -36,6 +36,7 @@ The plugin parses only ``broadcast``, ``reduce``, ``allgather``, ``reducescatter
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 PLUGIN_SOURCE = "NVIDIA/nccl plugins/tuner/example/plugin.c (ext-tuner/example before), read at commit 5067397c"
@@ -48,6 +49,7 @@ FIELDS_MIN, FIELDS_MAX = 8, 10
 MAX_LINE_CHARS = 254  # fgets into char[256]: 255 characters, the newline one of them
 SIZE_MAX = 2**64 - 1  # the largest max_bytes strtoull gives a 64-bit size_t: "no upper limit"
 INT_MAX = 2**31 - 1
+PLUGIN_DEFAULT_CHANNELS = 1  # what pluginGetCollInfo returns for a call no row matches, and for a -1 row
 DEFAULT_TAG = "# nccl-default,"  # flowride's comment line for a range left to NCCL's default (the plugin skips it)
 
 _UINT = re.compile(r"[0-9]+")
@@ -148,7 +150,7 @@ def _parse_row(n: int, tokens: list[str], out: list[Finding]) -> TunerRow | None
     lo_b, hi_b = nums[0], nums[1]
     if lo_b is not None and hi_b is not None and lo_b > hi_b:
         out.append(Finding(n, "range", f"min_bytes {lo_b} > max_bytes {hi_b}: the row matches no size"))
-    if len(out) > bad:
+    if any(f.kind != "channels" for f in out[bad:]):  # a -1 row loads as written (on one channel): kept
         return None
     return TunerRow(coll, lo_b, hi_b, alg, proto, *nums[2:])  # type: ignore[arg-type]
 
@@ -168,8 +170,9 @@ def _compatible(a: int, b: int) -> bool:
 
 
 def parse_tuner_csv(text: str) -> tuple[list[tuple[int, TunerRow]], list[tuple[int, Kept]], list[Finding]]:
-    """The rows the plugin would load (with their line numbers), flowride's ``# nccl-default``
-    lines, and every line-level finding (what the plugin would drop, cut or read otherwise)."""
+    """The rows the plugin would load as meant (with their line numbers; a ``-1`` channel row too,
+    which it loads as written), flowride's ``# nccl-default`` lines, and every line-level finding
+    (what the plugin would drop, cut or read otherwise)."""
     rows: list[tuple[int, TunerRow]] = []
     kept: list[tuple[int, Kept]] = []
     out: list[Finding] = []
@@ -251,3 +254,32 @@ def check_tuner_csv(text: str, tiled: bool | None = None) -> list[Finding]:
             out.append(Finding(0, "gap", f"{key[0]} (nNodes {key[1]}, nRanks {key[2]}): sizes {at}..{SIZE_MAX} have no line"))
     out.sort(key=lambda f: f.line)
     return out
+
+
+def match_row(rows: Sequence[TunerRow], collective: str, nbytes: int, nnodes: int, nranks: int, num_pipe_ops: int = 1,
+              reg_buff: int = 0, usable: Container[tuple[str, str]] | Callable[[str, str], bool] | None = None) -> TunerRow | None:
+    """The row the example plugin applies to one call, or None (NCCL's own choice stands), as
+    ``pluginGetCollInfo`` does it: rows in file order; the first whose collective is the call's,
+    ``min_bytes <= nbytes <= max_bytes`` and nNodes, nRanks, numPipeOps and regBuff each the
+    call's or -1. A matching row whose (algorithm, protocol) NCCL has marked unusable for the call
+    (``NCCL_ALGO_PROTO_IGNORE`` in its cost table; ``usable`` says which are usable, None: all) is
+    passed over and the search goes on. ``rows``: as :func:`parse_tuner_csv` gives them (pairs of
+    line number and row) or bare rows."""
+    ok = usable if callable(usable) or usable is None else (lambda a, p: (a, p) in usable)  # type: ignore[operator]
+    for item in rows:
+        r = item[1] if isinstance(item, tuple) else item
+        if r.collective != collective or not r.min_bytes <= nbytes <= r.max_bytes:
+            continue
+        if not all(want in (-1, have) for want, have in ((r.nnodes, nnodes), (r.nranks, nranks), (r.num_pipe_ops, num_pipe_ops),
+                                                          (r.reg_buff, reg_buff))):
+            continue
+        if ok is None or ok(r.algorithm, r.protocol):
+            return r
+    return None
+
+
+def plugin_channels(row: TunerRow | None) -> int:
+    """The channel count the example plugin hands NCCL for a call: the row's, or
+    :data:`PLUGIN_DEFAULT_CHANNELS` (one) for no row and for a ``-1`` row; NCCL takes any non-zero
+    count, so those calls run on one channel unless the plugin's default is changed to 0."""
+    return row.channels if row is not None and row.channels != -1 else PLUGIN_DEFAULT_CHANNELS
