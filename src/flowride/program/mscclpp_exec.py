@@ -122,13 +122,54 @@ def run_plan(plan: Plan) -> ExecResult:
     if sum(len(g.threadblocks) for g in plan.gpus) > MAX_THREAD_BLOCKS:
         return ExecResult([], unmodelled=f"{sum(len(g.threadblocks) for g in plan.gpus)} thread blocks in all, over the "
                                          f"{MAX_THREAD_BLOCKS} the symbolic run takes")
-    for g in plan.gpus:
-        for tb in g.threadblocks:
-            for j, op in enumerate(tb.ops):
-                if op.name not in MODELLED or op.extra.get("reduce_op", "sum") != "sum" or "tbg_info" in op.extra:
-                    what = op.name if op.name not in MODELLED else f"{op.name} with {'tbg_info' if 'tbg_info' in op.extra else 'reduce_op ' + str(op.extra.get('reduce_op'))}"
-                    return ExecResult([], unmodelled=f"GPU {g.id} thread block {tb.id} op {j}: {what} is not modelled by flowride's symbolic run")
+    found = unmodelled_features(plan)
+    if found:
+        return ExecResult([], unmodelled=found)
     return _Run(plan, c).go()
+
+
+SWITCH_OPS = frozenset({"glres", "gstore", "gstorepkt"})
+SEMAPHORE_OPS = frozenset({"sem_acquire", "sem_release"})
+
+
+def unmodelled_features(plan: Plan) -> str:
+    """What ``plan`` uses that flowride does not model, each feature named with where it first
+    appears (empty when nothing): switch (NVLS) channels, thread block groups, ``pipeline`` ops,
+    semaphores, ``reuse_resources`` with scratch (its scratch folded to a fixed size), reductions
+    other than sum, and any other op the run does not model. One line, for a refusal."""
+    first: dict[str, str] = {}
+
+    def note(feature: str, where: str) -> None:
+        first.setdefault(feature, where)
+
+    nvls = "switch (NVLS) channels"
+    if plan.extra.get("reuse_resources") and any(g.scratch_chunks for g in plan.gpus):
+        note("reuse_resources with a scratch buffer (scratch folded to a fixed size)", "the plan")
+    for g in plan.gpus:
+        if g.switch_channels:
+            note(nvls, f"GPU {g.id} channels")
+        if g.semaphores:
+            note("semaphores", f"GPU {g.id} semaphores")
+        for tb in g.threadblocks:
+            if any(t == "switch" for t, _ in tb.channels):
+                note(nvls, f"GPU {g.id} thread block {tb.id} channels")
+            for j, op in enumerate(tb.ops):
+                w = f"GPU {g.id} thread block {tb.id} op {j}, {op.name}"
+                if op.name in SWITCH_OPS or op.channel_type == "switch" or any("switch_channel_id" in r.extra for r in op.src + op.dst):
+                    note(nvls, w)
+                if "tbg_info" in op.extra:
+                    note("thread block groups (tbg_info)", w)
+                if op.name == "pipeline":
+                    note("pipeline ops", w)
+                if op.name in SEMAPHORE_OPS:
+                    note("semaphores", w)
+                if op.extra.get("reduce_op", "sum") != "sum":
+                    note(f"reduce_op {op.extra.get('reduce_op')!r} (only sum is modelled)", w)
+                if op.name not in MODELLED and not (op.name in SWITCH_OPS or op.name == "pipeline" or op.name in SEMAPHORE_OPS):
+                    note(f"the {op.name} op", w)
+    if not first:
+        return ""
+    return "uses " + "; ".join(f"{f} (first at {w})" for f, w in first.items()) + ", which flowride's symbolic run does not model"
 
 
 class _Run:

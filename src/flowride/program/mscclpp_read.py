@@ -33,11 +33,19 @@ from flowride.program.model import (
     inplace_alias,
     validate_program,
 )
-from flowride.program.mscclpp_exec import ExecResult, Loc, plan_chunks, run_plan, stub_program
+from flowride.program.mscclpp_exec import (
+    ExecResult,
+    Loc,
+    plan_chunks,
+    run_plan,
+    stub_program,
+    unmodelled_features,
+)
 from flowride.program.mscclpp_plan import Plan, parse_plan
 from flowride.program.mscclpp_rules import check_rules
 
 FIX = "fix the plan; docs/mscclpp.md lists the rules"
+UNMODELLED_FIX = "flowride models memory and port channels (Simple and LL); docs/mscclpp.md lists what it does not"
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -48,14 +56,16 @@ def load_plan(path: str | Path) -> Plan:
 
 def checked_run(plan: Plan) -> ExecResult:
     """The rules, then the symbolic run; the first thing wrong is an :class:`InvalidSchedule`."""
+    unmodelled = unmodelled_features(plan)  # first: flowride's rules do not cover what it does not model
+    if unmodelled:
+        raise InputError("plan", f"cannot be checked: it {unmodelled}", UNMODELLED_FIX)
     found = check_rules(plan)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise InvalidSchedule("plan", f"breaks the executor's rules: {found[0]}{more}", FIX)
     res = run_plan(plan)
     if res.unmodelled:
-        raise InputError("plan", f"cannot be checked: {res.unmodelled}",
-                         "flowride models memory and port channels (Simple and LL), not switch (NVLS) channels, thread block groups, pipelines or semaphores")
+        raise InputError("plan", f"cannot be checked: {res.unmodelled}", UNMODELLED_FIX)
     if res.problems:
         more = f" (and {len(res.problems) - 1} more problem(s))" if len(res.problems) > 1 else ""
         raise InvalidSchedule("plan", f"does not compute the {plan.collective}: {res.problems[0]}{more}", FIX)

@@ -264,3 +264,42 @@ def check_rules(plan: Plan) -> list[str]:
                        f"{wts.get(key, 0)} time(s); every signal needs its wait")
     _cycles(plan, out)
     return out
+
+
+# The executor's fixed-size tables (src/core/include/execution_common.hpp): a thread block's ops
+# are copied into ``Operation operations[MAX_OPERATION]`` (executor.cc throws above it), its
+# channels and remote buffers of a type into arrays of MAX_CHANNEL (not checked there: written
+# past the end), an op's channels into MAX_CHANNEL_PER_OPERATION, its buffer references into
+# MAX_LOCAL_BUFFER_PER_OPERATION + MAX_CHANNEL_PER_OPERATION.
+MAX_OPERATION = 64
+MAX_CHANNEL = 16
+MAX_CHANNEL_PER_OPERATION = 8
+MAX_BUFFERS_PER_OPERATION = 2 + MAX_CHANNEL_PER_OPERATION
+
+
+def check_limits(plan: Plan) -> list[str]:
+    """What ``plan`` exceeds of the executor's fixed-size tables (empty when nothing): ops per
+    thread block (MAX_OPERATION 64: the executor refuses to launch the plan), channels and remote
+    buffers of one type per thread block (MAX_CHANNEL 16), channels per op (8), buffer references
+    per op (10). One finding per kind of excess, naming the worst place and how many places exceed."""
+    worst: dict[str, tuple[int, str, int]] = {}  # kind -> (count, where, places over)
+
+    def over(kind: str, count: int, limit: int, where: str) -> None:
+        if count > limit:
+            c, w, k = worst.get(kind, (0, "", 0))
+            worst[kind] = (count, where, k + 1) if count > c else (c, w, k + 1)
+
+    for g in plan.gpus:
+        for tb in g.threadblocks:
+            where = f"GPU {g.id} thread block {tb.id}"
+            over("ops", len(tb.ops), MAX_OPERATION, where)
+            for t in ("memory", "port", "switch"):
+                over(f"{t} channels", len(tb.channel_list(t)), MAX_CHANNEL, where)
+                over(f"{t} remote buffers", len(tb.buffer_list(t)), MAX_CHANNEL, where)
+            for j, op in enumerate(tb.ops):
+                over("channels of one op", len(op.channel_ids), MAX_CHANNEL_PER_OPERATION, f"{where} op {j}")
+                over("buffer references of one op", max(len(op.src), len(op.dst)), MAX_BUFFERS_PER_OPERATION, f"{where} op {j}")
+    limit = {"ops": MAX_OPERATION, "channels of one op": MAX_CHANNEL_PER_OPERATION,
+             "buffer references of one op": MAX_BUFFERS_PER_OPERATION}
+    return [f"{where} has {c} {kind}, over the executor's {limit.get(kind, MAX_CHANNEL)}"
+            + (f" ({k} places over it)" if k > 1 else "") for kind, (c, where, k) in worst.items()]

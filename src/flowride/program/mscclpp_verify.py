@@ -12,11 +12,12 @@ and the verdict says why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flowride.errors import InputError
 from flowride.program.mscclpp_read import checked_run, load_plan, plan_to_program
+from flowride.program.mscclpp_rules import check_limits
 from flowride.program.to_schedule import program_to_schedule
 from flowride.schedule.ir import Schedule
 from flowride.schedule.simulate import SimResult, simulate
@@ -38,6 +39,7 @@ class MscclppVerdict:
     schedule: Schedule | None = None
     sim: SimResult | None = None
     unplaced: str = ""
+    limits: list[str] = field(default_factory=list)  # what the plan exceeds of the executor's fixed tables (check_limits)
 
     def summary(self) -> str:
         return (f"MSCCL++ rules hold and the symbolic run computes the {self.collective} ({self.protocol}, "
@@ -53,7 +55,7 @@ def verify_mscclpp(path: str | Path) -> MscclppVerdict:
     plan = load_plan(path)
     res = checked_run(plan)
     verdict = MscclppVerdict(plan.name, plan.collective, plan.ngpus, plan.protocol, plan.inplace,
-                             max(len(g.threadblocks) for g in plan.gpus), res.ops, res.chunks_moved)
+                             max(len(g.threadblocks) for g in plan.gpus), res.ops, res.chunks_moved, limits=check_limits(plan))
     try:
         sched = program_to_schedule(plan_to_program(plan, res))
     except InputError as e:  # InvalidSchedule too: the model's limits, the plan's own rules held

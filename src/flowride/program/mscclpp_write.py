@@ -90,10 +90,17 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
     scratch = [g.s_chunks for g in program.gpus]
     land: dict[int, Slot] = {}  # tag -> the receiver's slot the sender writes
     staged: set[int] = set()
+    touched: set[tuple[int, int]] = set()  # (rank, step) of receives whose slot an earlier step of the GPU used
+    for r in range(n):
+        used: set[Slot] = set()
+        for i, st in enumerate(steps[r]):
+            if st.op in ("r", "rrc") and st.dst in used:
+                touched.add((r, i))
+            used.update(reads(st))
+            used.update(writes(st))
     for tag, (b, j) in recv_of.items():
         st = steps[b][j]
-        touched = any(st.dst in reads(x) or st.dst in writes(x) for x in steps[b][:j])
-        if ll or st.op == "rrc" or touched:
+        if ll or st.op == "rrc" or (b, j) in touched:
             land[tag] = ("s", scratch[b])
             scratch[b] += 1
             staged.add(tag)
