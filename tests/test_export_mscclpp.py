@@ -14,12 +14,15 @@ from flowride.program import verify_mscclpp
 
 @pytest.fixture(scope="module")
 def schedules(tmp_path_factory):
-    """One synthesis per collective on two ndv2 chassis (memory channels inside a chassis, port channels across)."""
+    """One synthesis per collective on GPUs 0, 1, 8 and 9 of two DGX H100 nodes: memory channels
+    inside a node, port channels across; one chunk, so each GPU's thread block stays within the
+    MSCCL++ executor's 64 ops."""
     d = tmp_path_factory.mktemp("scheds")
     out = {}
     for coll in ("allgather", "alltoall", "reducescatter", "allreduce"):
         out[coll] = d / f"{coll}.json"
-        assert main(["synth", "-t", "ndv2", "--chassis", "2", "-c", coll, "-s", "1MB", "--time-limit", "10", "-o", str(out[coll])]) == 0
+        assert main(["synth", "-t", "fabric", "--node", "dgx-h100", "--nodes", "2", "--ranks", "0,1,8,9", "--relay", "off",
+                     "-c", coll, "-s", "64KB", "--chunks", "1", "--time-limit", "10", "-o", str(out[coll])]) == 0
     return out
 
 
@@ -30,11 +33,11 @@ def test_export_a_schedule_then_verify_the_plan(tmp_path, capsys, schedules, col
     assert main(["export", str(schedules[coll]), "--mscclpp", str(out), "--proto", proto]) == 0
     (plan,) = out.glob("*.json")
     data = json.loads(plan.read_text())
-    assert data["collective"] == coll and data["protocol"] == proto and len(data["gpus"]) == 16
+    assert data["collective"] == coll and data["protocol"] == proto and len(data["gpus"]) == 4
     kinds = {c["channel_type"] for g in data["gpus"] for c in g["channels"]}
     assert kinds == {"memory", "port"}
     v = verify_mscclpp(plan)
-    assert v.collective == coll and v.sim is not None and v.sim.valid  # raises InvalidSchedule if not
+    assert v.collective == coll and v.sim is not None and v.sim.valid and v.limits == []  # raises InvalidSchedule if not
     capsys.readouterr()
     assert main(["verify", str(plan)]) == 0
     assert "valid" in capsys.readouterr().out
@@ -57,16 +60,42 @@ def test_export_refusals_are_one_line(tmp_path):
     assert not (tmp_path / "p").exists()
 
 
+def test_a_plan_over_the_executors_limits_is_refused_not_written(tmp_path):
+    """MSCCL++'s executor launches at most 64 ops per thread block (execution_common.hpp
+    MAX_OPERATION) and flowride writes one thread block per GPU: 16 chunks of an 8-GPU ring need
+    hundreds, so the export refuses in one line naming the limit and the fix."""
+    sched = tmp_path / "s.json"
+    assert main(["synth", "-t", "ring", "--n", "8", "-c", "allgather", "-s", "1MB", "--chunks", "16", "-o", str(sched)]) == 0
+    assert_clean_error(cli("export", sched, "--mscclpp", tmp_path / "p"), 2, "--mscclpp", "64", "--chunks 1")
+    assert not list((tmp_path / "p").glob("*.json")) if (tmp_path / "p").exists() else True
+
+
 def test_range_export_writes_one_plan_per_range(tmp_path):
     """Each range's plan carries the range's inclusive bounds, is listed in ranges.json, and verifies."""
     out, pp = tmp_path / "out", tmp_path / "out" / "mscclpp"
     r = cli("export", "-t", "ring", "--n", "4", "-c", "allgather", "--sizes", "1KB:4MB:x4", "--out-dir", out, "--mscclpp", pp)
     assert r.code == 0, r.err
     ranges = json.loads((out / "ranges.json").read_text())["ranges"]
-    assert len(ranges) == len(list(pp.glob("*.json"))) >= 1
-    for rg in ranges:
+    fit = [rg for rg in ranges if "mscclpp" in rg]
+    assert len(fit) == len(list(pp.glob("*.json"))) >= 1
+    assert all("64" in rg["mscclpp_refused"] for rg in ranges if "mscclpp" not in rg)
+    for rg in fit:
         data = json.loads((tmp_path / "out" / "mscclpp" / rg["mscclpp"].split("/")[-1]).read_text())
         assert data["min_message_size"] == rg["min_bytes"]
         assert data["max_message_size"] == (rg["max_bytes"] or 2**64 - 1)
         assert data["protocol"] == ("LL" if rg["proto"] == "LL" else "Simple")
         assert verify_mscclpp(rg["mscclpp"]).collective == "allgather"  # raises InvalidSchedule if not
+
+
+def test_verify_calls_a_plan_over_the_limits_invalid(tmp_path):
+    """A plan the executor would refuse to launch (65 ops in one thread block) is invalid (exit 1)."""
+    from flowride.api import synthesize
+    from flowride.program import lower, to_mscclpp
+    from flowride.topology import ring
+
+    topo = ring(8)
+    obj = to_mscclpp(lower(synthesize(topo, "allgather", 10**6, "fast", 16, 10.0).schedule), topo, within_limits=False)
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(obj))
+    r = cli("verify", path)
+    assert r.code == 1 and "64" in r.err and "Traceback" not in r.err, r.err

@@ -43,7 +43,7 @@ COLLS = ["allgather", "alltoall", "reducescatter", "allreduce"]
 def plan_of(name: str, coll: str, proto: str, **params) -> dict:
     topo = build_topology(name, **params)
     sched = schedules(name, 2, **params)[COLLS.index(coll)]
-    return to_mscclpp(lower(sched), topo, proto=proto)
+    return to_mscclpp(lower(sched), topo, proto=proto, within_limits=False)
 
 
 def judge(obj: dict) -> tuple[list[str], list[str]]:
@@ -99,13 +99,13 @@ def test_writer_refuses_bad_arguments():
     topo = build_topology("dgx1")
     prog = lower(schedules("dgx1", 2)[0])
     with pytest.raises(InputError, match="proto"):
-        to_mscclpp(prog, topo, proto="LL128")
+        to_mscclpp(prog, topo, proto="LL128", within_limits=False)
     with pytest.raises(InputError, match="topology"):
-        to_mscclpp(prog, "dgx1")
+        to_mscclpp(prog, "dgx1", within_limits=False)
     with pytest.raises(InputError, match="not a GPU of topology"):
-        to_mscclpp(prog, build_topology("ring", n=4))
+        to_mscclpp(prog, build_topology("ring", n=4), within_limits=False)
     with pytest.raises(InputError, match="min_bytes"):
-        to_mscclpp(prog, topo, min_bytes=10, max_bytes=5)
+        to_mscclpp(prog, topo, min_bytes=10, max_bytes=5, within_limits=False)
 
 
 @settings(max_examples=20, deadline=None)
@@ -118,7 +118,7 @@ def test_random_topologies_give_plans_that_verify(topo, coll, proto, chunks):
         rev = _baseline(topo.reversed(), "allgather", chunks)
         sched = (reduce_scatter_from_allgather(rev, topo) if coll == "reducescatter"
                  else allreduce_from_allgather(rev, _baseline(topo, "allgather", chunks), topo))
-    obj = to_mscclpp(lower(sched), topo, proto=proto)
+    obj = to_mscclpp(lower(sched), topo, proto=proto, within_limits=False)
     assert judge(obj) == ([], [])
     assert check_program(from_mscclpp_json(obj)) == []  # and back into flowride's IR
     groups = {nd.group for nd in topo.nodes if nd.is_gpu}
@@ -378,7 +378,7 @@ def test_synthesized_schedules_export_at_every_size(top, coll, size, chunks):
     topo, sched = _synth(name, params, coll, size, chunks)
     prog = lower(sched)
     for proto in ("Simple", "LL"):
-        obj = to_mscclpp(prog, topo, proto=proto)  # raises when the rules or the symbolic run reject it
+        obj = to_mscclpp(prog, topo, proto=proto, within_limits=False)  # raises when the rules or the symbolic run reject it
         assert judge(obj) == ([], [])
     assert check_program(from_mscclpp_json(obj)) == []
 
@@ -398,7 +398,7 @@ def test_writer_looks_at_each_step_once(monkeypatch):
         return real(st)
 
     monkeypatch.setattr(mw, "reads", counting)
-    obj = mw.to_mscclpp(prog, build_topology("dgx1"))
+    obj = mw.to_mscclpp(prog, build_topology("dgx1"), within_limits=False)
     assert calls["n"] <= sum(len(g.steps) for g in prog.gpus)
     assert judge(obj) == ([], [])
 

@@ -43,7 +43,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     if a.mscclpp:  # built and checked before anything is written
         from pathlib import Path
 
-        with as_options(proto="--proto"):
+        with as_options(proto="--proto", mscclpp="--mscclpp"):
             path = write_mscclpp(prog, sched.topology, Path(a.mscclpp) / f"{Path(a.schedule).stem}.json", proto=a.proto or "Simple",
                                  name=f"flowride {prog.collective.value} {sched.topology.name}")
         console.print(f"MSCCL++ execution plan for {prog.collective.value} on {prog.ngpus} GPUs ({a.proto or 'Simple'}), "
@@ -96,7 +96,10 @@ def _export_ranges(a: argparse.Namespace, sizes: list[int] | None) -> int:
         plan = export_ranges(topo, a.collective, sizes, a.out_dir, chunks, epochs, opts, a.proto or "auto", a.unfused, SweepView(st),
                              max_loss=DEFAULT_MAX_LOSS if a.max_loss is None else a.max_loss, clean=a.clean, mscclpp_dir=a.mscclpp)
     ranges_table(plan).print()
-    pp = (f" {len(plan.ranges)} MSCCL++ execution plan(s) in {a.mscclpp} (LL ranges LL, the others Simple)." if a.mscclpp else "")
+    wrote = sum(bool(r.mscclpp) for r in plan.ranges)
+    pp = (f" {wrote} MSCCL++ execution plan(s) in {a.mscclpp} (LL ranges LL, the others Simple)"
+          + (f"; {len(plan.ranges) - wrote} range(s) without one, over the MSCCL++ executor's limits (ranges.json: "
+             "mscclpp_refused; MSCCL++ falls back to NCCL there)." if wrote < len(plan.ranges) else ".") if a.mscclpp else "")
     console.print(f"written to {a.out_dir}: {len(plan.ranges)} XML file(s) under xml/ (point MSCCL_ALGO_DIR there), ranges.json, "
                   f"ranges.md. Protocol: not chosen by the model; {plan.protocol_rule}.{pp}", soft_wrap=True)
     return 0

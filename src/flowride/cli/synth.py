@@ -210,6 +210,10 @@ def cmd_verify(a: argparse.Namespace) -> int:
         if a.sms is not None:
             raise InputError("--sms", "applies to MSCCL algorithm XML only", "leave it out for an MSCCL++ plan")
         vp = verify_mscclpp(a.schedule)
+        if vp.limits:  # the executor would refuse to launch it (MAX_OPERATION, MAX_CHANNEL)
+            more = f" (and {len(vp.limits) - 1} more)" if len(vp.limits) > 1 else ""
+            print(f"invalid: over the MSCCL++ executor's limits: {vp.limits[0]}{more}", file=sys.stderr)
+            return 1
         ran = vp.summary()
         if vp.schedule is None:
             console.print(escape(f"valid: {vp.collective} on {vp.ngpus} GPUs by the MSCCL++ executor's rules; not timed, the schedule "

@@ -184,16 +184,26 @@ def _with_nops(ops: list[Op]) -> list[Op]:
 
 
 def to_mscclpp(program: Program, topology: Topology, proto: str = "Simple", name: str | None = None,
-               min_bytes: int = 0, max_bytes: int | None = None) -> dict:
+               min_bytes: int = 0, max_bytes: int | None = None, within_limits: bool = True) -> dict:
     """The MSCCL++ execution plan of ``program`` (lowered on ``topology``) as a JSON object.
     ``min_bytes``/``max_bytes``: the message sizes the executor may pick the plan for (a size
     range of a range export). Every plan is held to the executor's rules and its symbolic run
     before it is returned, as :func:`~flowride.program.to_msccl_xml` checks its XML: a plan that
-    fails either is a bug here, raised as ValueError, never written."""
+    fails either is a bug here, raised as ValueError, never written. A plan over the executor's
+    fixed tables (:func:`~flowride.program.mscclpp_rules.check_limits`: 64 ops per thread block,
+    16 channels or remote buffers of a type) is refused as :class:`InputError`: the executor would
+    refuse to launch it, and flowride writes one thread block per GPU (``within_limits=False``
+    skips that check: tests of the writer's logic on large schedules)."""
     from flowride.program.mscclpp_exec import run_plan
-    from flowride.program.mscclpp_rules import check_rules
+    from flowride.program.mscclpp_rules import check_limits, check_rules
 
     plan = build_plan(program, topology, proto, name, min_bytes, max_bytes)
+    over = check_limits(plan) if within_limits else []
+    if over:
+        raise InputError("mscclpp", f"the {program.collective.value} plan on {program.ngpus} GPUs would exceed the MSCCL++ "
+                         f"executor's limits: {over[0]}" + (f" (and {len(over) - 1} more)" if len(over) > 1 else ""),
+                         "flowride writes one thread block per GPU: export a schedule with fewer chunks (flowride synth "
+                         "--chunks 1) or fewer GPUs (docs/mscclpp.md)")
     found = check_rules(plan)
     ran = run_plan(plan) if not found else None
     if found or ran.problems or ran.unmodelled:

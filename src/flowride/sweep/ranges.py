@@ -106,9 +106,11 @@ class RangeAlgo:
     file: str = ""
     nccl: list[dict] = field(default_factory=list)  # per swept size: NCCL's best modelled algorithm, its time, our speedup
     mscclpp: str = ""  # the MSCCL++ execution plan written for this range, if asked for
+    mscclpp_refused: str = ""  # why none was written (over the executor's limits)
 
     def as_dict(self) -> dict:
-        return {"file": self.file, **({"mscclpp": self.mscclpp} if self.mscclpp else {}), "min_bytes": self.min_bytes, "max_bytes": self.max_bytes, "chunks": self.chunks,
+        return {"file": self.file, **({"mscclpp": self.mscclpp} if self.mscclpp else {}),
+                **({"mscclpp_refused": self.mscclpp_refused} if self.mscclpp_refused else {}), "min_bytes": self.min_bytes, "max_bytes": self.max_bytes, "chunks": self.chunks,
                 "epoch": self.pick.epoch, "proto": self.proto, "sizes": self.sizes, "schedule_from_size": self.from_size,
                 "worst_loss": self.worst_loss, "method": self.schedule.meta.get("method"), "nccl": self.nccl}
 
@@ -372,16 +374,23 @@ def mscclpp_proto(proto: str) -> str:
 def write_mscclpp_ranges(plan: RangePlan, out_dir: str | Path, ranges_dir: str | Path | None = None) -> list[Path]:
     """One MSCCL++ execution plan per range in ``out_dir`` (each built and checked by
     :func:`~flowride.program.to_mscclpp` before any is written), the range's bounds its
-    ``min_message_size``/``max_message_size``; with ``ranges_dir`` (a range export's folder) the
-    files are recorded in its ``ranges.json`` and ``ranges.md``."""
+    ``min_message_size``/``max_message_size``; a range whose plan would exceed the executor's
+    limits gets none, the reason in ``mscclpp_refused`` (MSCCL++ falls back to NCCL for sizes
+    no plan covers). With ``ranges_dir`` (a range export's folder) the files are recorded in its
+    ``ranges.json`` and ``ranges.md``."""
     d = check_output_dir(out_dir, "mscclpp")
     plans = []
     for r in plan.ranges:
         name = f"{plan.collective}_{plan.gpus}gpus_{r.min_bytes}-{r.max_bytes or 'open'}.json"
-        plans.append((d / name, to_mscclpp(lower(r.schedule), r.schedule.topology, proto=mscclpp_proto(r.proto),
-                                           name=f"flowride {plan.collective} {plan.topology} {r.min_bytes}-{r.max_bytes or 'open'}",
-                                           min_bytes=r.min_bytes, max_bytes=r.max_bytes or None)))
-        r.mscclpp = str(d / name)
+        try:
+            obj = to_mscclpp(lower(r.schedule), r.schedule.topology, proto=mscclpp_proto(r.proto),
+                             name=f"flowride {plan.collective} {plan.topology} {r.min_bytes}-{r.max_bytes or 'open'}",
+                             min_bytes=r.min_bytes, max_bytes=r.max_bytes or None)
+        except InputError as e:
+            r.mscclpp, r.mscclpp_refused = "", e.problem
+            continue
+        plans.append((d / name, obj))
+        r.mscclpp, r.mscclpp_refused = str(d / name), ""
     d.mkdir(parents=True, exist_ok=True)
     for path, obj in plans:
         write_json_atomic(path, obj, indent=1)
