@@ -15,13 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from flowride.errors import InputError
 from flowride.program.msccl_read import from_msccl_xml, read_msccl_text
 from flowride.program.msccl_rules import ExecutorReport, check_executor
 from flowride.program.msccl_xml import parse_algo
-from flowride.program.to_schedule import program_to_schedule
+from flowride.program.to_schedule import place_and_time
 from flowride.schedule.ir import Schedule
-from flowride.schedule.simulate import SimResult, simulate
+from flowride.schedule.simulate import SimResult
 
 
 @dataclass
@@ -47,14 +46,5 @@ def verify_msccl(path: str | Path, *, sms: int | str | None = None) -> MscclVerd
     algo = parse_algo(text, name)
     report = check_executor(algo, sms=sms)
     verdict = MscclVerdict(algo.name, algo.coll.value, algo.n, report)
-    try:
-        sched = program_to_schedule(from_msccl_xml(text, name))
-    except InputError as e:  # InvalidSchedule too: the model's limits, the executor's rules held
-        verdict.unplaced = str(e)
-        return verdict
-    sim = simulate(sched)
-    if sim.valid:
-        verdict.schedule, verdict.sim = sched, sim
-    else:
-        verdict.unplaced = f"the simulator rejects the schedule built from it: {sim.first_violation}"
+    verdict.schedule, verdict.sim, verdict.unplaced = place_and_time(lambda: from_msccl_xml(text, name))
     return verdict

@@ -15,12 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flowride.errors import InputError
 from flowride.program.mscclpp_read import checked_run, load_plan, plan_to_program
 from flowride.program.mscclpp_rules import check_limits
-from flowride.program.to_schedule import program_to_schedule
+from flowride.program.to_schedule import place_and_time
 from flowride.schedule.ir import Schedule
-from flowride.schedule.simulate import SimResult, simulate
+from flowride.schedule.simulate import SimResult
 
 
 @dataclass
@@ -56,14 +55,5 @@ def verify_mscclpp(path: str | Path) -> MscclppVerdict:
     res = checked_run(plan)
     verdict = MscclppVerdict(plan.name, plan.collective, plan.ngpus, plan.protocol, plan.inplace,
                              max(len(g.threadblocks) for g in plan.gpus), res.ops, res.chunks_moved, limits=check_limits(plan))
-    try:
-        sched = program_to_schedule(plan_to_program(plan, res))
-    except InputError as e:  # InvalidSchedule too: the model's limits, the plan's own rules held
-        verdict.unplaced = str(e)
-        return verdict
-    sim = simulate(sched)
-    if sim.valid:
-        verdict.schedule, verdict.sim = sched, sim
-    else:
-        verdict.unplaced = f"the simulator rejects the schedule built from it: {sim.first_violation}"
+    verdict.schedule, verdict.sim, verdict.unplaced = place_and_time(lambda: plan_to_program(plan, res))
     return verdict

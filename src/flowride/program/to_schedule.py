@@ -9,12 +9,13 @@ instead of trusting the symbolic check alone.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from flowride.errors import InputError, InvalidSchedule
 from flowride.program.model import Program, hazards, run_program, validate_program
 from flowride.program.msccl_read import explain
 from flowride.schedule.ir import Schedule, Send
-from flowride.schedule.simulate import simulate
+from flowride.schedule.simulate import SimResult, simulate
 from flowride.topology.builtins import full
 from flowride.topology.timing import resolve_tau
 
@@ -135,3 +136,17 @@ def program_to_schedule(program: Program) -> Schedule:
             "flowride schedules hold one partial sum per chunk per GPU; an algorithm that keeps several at once can only be checked symbolically",
         )
     return sched
+
+
+def place_and_time(build: Callable[[], Program]) -> tuple[Schedule | None, SimResult | None, str]:
+    """A program read from a runtime's file (``build`` reads it) placed on a full mesh and replayed:
+    (schedule, replay, "") or (None, None, why not) where the schedule model cannot place it; what
+    ``verify`` of an MSCCL XML and of an MSCCL++ plan both report after the file's own rules held."""
+    try:
+        sched = program_to_schedule(build())
+    except InputError as e:  # InvalidSchedule too: the model's limits, the file's own rules held
+        return None, None, str(e)
+    sim = simulate(sched)
+    if not sim.valid:
+        return None, None, f"the simulator rejects the schedule built from it: {sim.first_violation}"
+    return sched, sim, ""
