@@ -371,13 +371,13 @@ def mscclpp_proto(proto: str) -> str:
     return "LL" if proto == "LL" else "Simple"
 
 
-def write_mscclpp_ranges(plan: RangePlan, out_dir: str | Path, ranges_dir: str | Path | None = None) -> list[Path]:
+def write_mscclpp_ranges(plan: RangePlan, out_dir: str | Path) -> list[Path]:
     """One MSCCL++ execution plan per range in ``out_dir`` (each built and checked by
     :func:`~flowride.program.to_mscclpp` before any is written), the range's bounds its
     ``min_message_size``/``max_message_size``; a range whose plan would exceed the executor's
     limits gets none, the reason in ``mscclpp_refused`` (MSCCL++ falls back to NCCL for sizes
-    no plan covers). With ``ranges_dir`` (a range export's folder) the files are recorded in its
-    ``ranges.json`` and ``ranges.md``."""
+    no plan covers). Each range records its file (or why none), for the ``ranges.json`` that
+    :func:`write_ranges` writes after it."""
     d = check_output_dir(out_dir, "mscclpp")
     plans = []
     for r in plan.ranges:
@@ -394,10 +394,6 @@ def write_mscclpp_ranges(plan: RangePlan, out_dir: str | Path, ranges_dir: str |
     d.mkdir(parents=True, exist_ok=True)
     for path, obj in plans:
         write_json_atomic(path, obj, indent=1)
-    if ranges_dir is not None:
-        rd = Path(ranges_dir)
-        write_json_atomic(rd / "ranges.json", plan.as_dict(), indent=1)
-        write_text_atomic(rd / "ranges.md", plan.markdown())
     return [p for p, _ in plans]
 
 
@@ -433,7 +429,7 @@ def export_ranges(topo: Topology, collective: Collective | str, sizes: list[int]
     if mscclpp_dir is not None:
         check_output_dir(mscclpp_dir, "mscclpp")
     plan = plan_ranges(topo, collective, sizes, chunk_options, epochs, opts, proto, progress, max_loss=max_loss)
+    if mscclpp_dir is not None:  # first: ranges.json, written once by write_ranges, names the plans
+        write_mscclpp_ranges(plan, mscclpp_dir)
     write_ranges(plan, out_dir, unfused, clean)
-    if mscclpp_dir is not None:
-        write_mscclpp_ranges(plan, mscclpp_dir, out_dir)
     return plan
