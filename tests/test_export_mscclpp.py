@@ -10,6 +10,7 @@ import pytest
 from clirun import assert_clean_error, cli
 from flowride.cli import main
 from flowride.program import verify_mscclpp
+from flowride.program.mscclpp_read import load_plan
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +63,29 @@ def test_export_refusals_are_one_line(tmp_path):
 
 def test_a_plan_over_the_executors_limits_is_refused_not_written(tmp_path):
     """MSCCL++'s executor launches at most 64 ops per thread block (execution_common.hpp
-    MAX_OPERATION) and flowride writes one thread block per GPU: 16 chunks of an 8-GPU ring need
-    hundreds, so the export refuses in one line naming the limit and the fix."""
+    MAX_OPERATION); flowride spreads a GPU's steps over thread blocks, at most 104 of them (all
+    resident at once). 256 chunks of an 8-GPU ring need more, so the export refuses in one line
+    naming the limit and the fix."""
+    sched = tmp_path / "s.json"
+    assert main(["synth", "-t", "ring", "--n", "8", "-c", "allgather", "-s", "1MB", "--chunks", "256", "-o", str(sched)]) == 0
+    assert_clean_error(cli("export", sched, "--mscclpp", tmp_path / "p"), 2, "--mscclpp", "104", "--chunks")
+    assert not list((tmp_path / "p").glob("*.json")) if (tmp_path / "p").exists() else True
+
+
+def test_sixteen_chunks_of_a_ring_now_fit_in_thread_blocks(tmp_path):
+    """What the one-thread-block writer refused (530 ops on GPU 0) is spread over thread blocks
+    that each keep within 64 ops, and verifies."""
+    from flowride.program.mscclpp_rules import MAX_OPERATION, check_limits
+
     sched = tmp_path / "s.json"
     assert main(["synth", "-t", "ring", "--n", "8", "-c", "allgather", "-s", "1MB", "--chunks", "16", "-o", str(sched)]) == 0
-    assert_clean_error(cli("export", sched, "--mscclpp", tmp_path / "p"), 2, "--mscclpp", "64", "--chunks 1")
-    assert not list((tmp_path / "p").glob("*.json")) if (tmp_path / "p").exists() else True
+    r = cli("export", sched, "--mscclpp", tmp_path / "p")
+    assert r.code == 0, r.err
+    plan = load_plan(tmp_path / "p" / "s.json")
+    assert check_limits(plan) == []
+    assert max(len(tb.ops) for g in plan.gpus for tb in g.threadblocks) <= MAX_OPERATION
+    assert max(len(g.threadblocks) for g in plan.gpus) > 1
+    assert cli("verify", tmp_path / "p" / "s.json").code == 0
 
 
 def test_range_export_writes_one_plan_per_range(tmp_path):
@@ -88,13 +106,15 @@ def test_range_export_writes_one_plan_per_range(tmp_path):
 
 
 def test_verify_calls_a_plan_over_the_limits_invalid(tmp_path):
-    """A plan the executor would refuse to launch (65 ops in one thread block) is invalid (exit 1)."""
+    """A plan the executor would refuse to launch (all of a GPU's ops in one thread block, over 64)
+    is invalid (exit 1)."""
     from flowride.api import synthesize
-    from flowride.program import lower, to_mscclpp
+    from flowride.program import lower
+    from flowride.program.mscclpp_write import build_plan
     from flowride.topology import ring
 
     topo = ring(8)
-    obj = to_mscclpp(lower(synthesize(topo, "allgather", 10**6, "fast", 16, 10.0).schedule), topo, within_limits=False)
+    obj = build_plan(lower(synthesize(topo, "allgather", 10**6, "fast", 16, 10.0).schedule), topo, op_budget=10**6).to_json()
     path = tmp_path / "big.json"
     path.write_text(json.dumps(obj))
     r = cli("verify", path)

@@ -275,13 +275,17 @@ MAX_OPERATION = 64
 MAX_CHANNEL = 16
 MAX_CHANNEL_PER_OPERATION = 8
 MAX_BUFFERS_PER_OPERATION = 2 + MAX_CHANNEL_PER_OPERATION
+# flowride's own rule, not the executor's: a plan's thread blocks wait on each other's signals
+# across GPUs, so all of them must be resident at once, one 1024-thread block per SM. The smallest
+# GPU flowride models has 104 compute units (an MI250 GCD; an A100 has 108 SMs, an H100 132).
+MAX_THREADBLOCKS = 104
 
 
 def check_limits(plan: Plan) -> list[str]:
     """What ``plan`` exceeds of the executor's fixed-size tables (empty when nothing): ops per
     thread block (MAX_OPERATION 64: the executor refuses to launch the plan), channels and remote
     buffers of one type per thread block (MAX_CHANNEL 16), channels per op (8), buffer references
-    per op (10). One finding per kind of excess, naming the worst place and how many places exceed."""
+    per op (10), and thread blocks per GPU (:data:`MAX_THREADBLOCKS`, flowride's residency rule). One finding per kind of excess, naming the worst place and how many places exceed."""
     worst: dict[str, tuple[int, str, int]] = {}  # kind -> (count, where, places over)
 
     def over(kind: str, count: int, limit: int, where: str) -> None:
@@ -290,6 +294,7 @@ def check_limits(plan: Plan) -> list[str]:
             worst[kind] = (count, where, k + 1) if count > c else (c, w, k + 1)
 
     for g in plan.gpus:
+        over("thread blocks", len(g.threadblocks), MAX_THREADBLOCKS, f"GPU {g.id}")
         for tb in g.threadblocks:
             where = f"GPU {g.id} thread block {tb.id}"
             over("ops", len(tb.ops), MAX_OPERATION, where)
@@ -299,7 +304,13 @@ def check_limits(plan: Plan) -> list[str]:
             for j, op in enumerate(tb.ops):
                 over("channels of one op", len(op.channel_ids), MAX_CHANNEL_PER_OPERATION, f"{where} op {j}")
                 over("buffer references of one op", max(len(op.src), len(op.dst)), MAX_BUFFERS_PER_OPERATION, f"{where} op {j}")
-    limit = {"ops": MAX_OPERATION, "channels of one op": MAX_CHANNEL_PER_OPERATION,
+    limit = {"ops": MAX_OPERATION, "thread blocks": MAX_THREADBLOCKS, "channels of one op": MAX_CHANNEL_PER_OPERATION,
              "buffer references of one op": MAX_BUFFERS_PER_OPERATION}
-    return [f"{where} has {c} {kind}, over the executor's {limit.get(kind, MAX_CHANNEL)}"
-            + (f" ({k} places over it)" if k > 1 else "") for kind, (c, where, k) in worst.items()]
+
+    def limit_text(kind: str) -> str:
+        if kind == "thread blocks":
+            return f"the {MAX_THREADBLOCKS} that can all be resident at once"
+        return f"the executor's {limit.get(kind, MAX_CHANNEL)}"
+
+    return [f"{where} has {c} {kind}, over {limit_text(kind)}" + (f" ({k} places over it)" if k > 1 else "")
+            for kind, (c, where, k) in worst.items()]

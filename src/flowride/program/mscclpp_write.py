@@ -25,11 +25,12 @@ follow them. Each GPU runs one thread block holding its steps in program order, 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flowride.errors import InputError
 from flowride.files import write_json_atomic
-from flowride.program.model import Program, Slot, reads, validate_program, writes
+from flowride.program.model import GpuProgram, Program, Slot, Step, reads, validate_program, writes
 from flowride.program.mscclpp_plan import (
     MAX_U64,
     SYNC_OPS,
@@ -40,6 +41,13 @@ from flowride.program.mscclpp_plan import (
     RemoteBuffer,
     Threadblock,
 )
+from flowride.program.mscclpp_rules import (
+    MAX_CHANNEL,
+    MAX_CHANNEL_PER_OPERATION,
+    MAX_OPERATION,
+    MAX_THREADBLOCKS,
+)
+from flowride.program.mscclpp_spread import Key, private_scratch, spread, step_keys
 from flowride.topology.model import Topology
 
 
@@ -48,8 +56,8 @@ def _channel_type(topology: Topology, program: Program, a: int, b: int) -> str:
     return "memory" if na.group == nb.group else "port"
 
 
-def _local(slot: Slot) -> BufRef:
-    return BufRef(slot[1], 1, slot[0])
+def _local(slot: Slot, size: int = 1) -> BufRef:
+    return BufRef(slot[1], size, slot[0])
 
 
 def _check_topology(program: Program, topology: Topology) -> None:
@@ -61,32 +69,43 @@ def _check_topology(program: Program, topology: Topology) -> None:
                              "pass the topology the schedule was built on")
 
 
+def prepare(program: Program) -> tuple[list[list[Key]], Program]:
+    """The key of each step and the program with a scratch slot per (slot, key), which every
+    spread of ``program`` starts from (:mod:`flowride.program.mscclpp_spread`)."""
+    validate_program(program)
+    keys = step_keys(program)
+    return keys, private_scratch(program, keys)
+
+
 def build_plan(program: Program, topology: Topology, proto: str = "Simple", name: str | None = None,
-               min_bytes: int = 0, max_bytes: int | None = None) -> Plan:
-    """The :class:`~flowride.program.mscclpp_plan.Plan` of ``program`` on ``topology``."""
+               min_bytes: int = 0, max_bytes: int | None = None, op_budget: int = MAX_OPERATION,
+               prepared: tuple[list[list[Key]], Program] | None = None, by_chunk: bool = True,
+               stage_all: bool = False) -> Plan:
+    """The :class:`~flowride.program.mscclpp_plan.Plan` of ``program`` on ``topology``, its steps
+    spread over thread blocks of at most about ``op_budget`` ops each
+    (:mod:`flowride.program.mscclpp_spread`). ``prepared``: :func:`prepare`'s result, when the
+    same program is written more than once. ``by_chunk``: deal the keys out chunk by chunk (every
+    block's chunk c together, which spreads each GPU's work evenly) rather than block by block;
+    ``stage_all``: land every transfer in the receiver's scratch, so a thread block writes one
+    remote buffer per peer (16 at most), at the cost of a local copy per receive."""
     validate_program(program)
     _check_topology(program, topology)
     if proto not in ("Simple", "LL"):
         raise InputError("proto", f"{proto!r} is not an MSCCL++ protocol flowride writes", "use Simple or LL")
     if not (isinstance(min_bytes, int) and min_bytes >= 0 and (max_bytes is None or (isinstance(max_bytes, int) and max_bytes >= min_bytes))):
         raise InputError("min_bytes/max_bytes", f"{min_bytes!r}..{max_bytes!r} is not a size range", "give 0 <= min_bytes <= max_bytes")
+    keys, program = prepared or prepare(program)
     n, ll = program.ngpus, proto == "LL"
     steps = [g.steps for g in program.gpus]
-    send_of: dict[int, tuple[int, int]] = {}
+
+    def ctype(a: int, b: int) -> str:
+        return _channel_type(topology, program, a, b)
+
     recv_of: dict[int, tuple[int, int]] = {}
     for r in range(n):
         for i, st in enumerate(steps[r]):
-            if st.op == "s":
-                send_of[st.tag] = (r, i)
-            elif st.op in ("r", "rrc"):
+            if st.op in ("r", "rrc"):
                 recv_of[st.tag] = (r, i)
-    seq: dict[int, int] = {}  # tag -> its place among the sends of its (sender, receiver) pair
-    count: dict[tuple[int, int], int] = defaultdict(int)
-    for r in range(n):
-        for st in steps[r]:
-            if st.op == "s":
-                seq[st.tag] = count[(r, st.peer)]
-                count[(r, st.peer)] += 1
     scratch = [g.s_chunks for g in program.gpus]
     land: dict[int, Slot] = {}  # tag -> the receiver's slot the sender writes
     staged: set[int] = set()
@@ -100,7 +119,7 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
             used.update(writes(st))
     for tag, (b, j) in recv_of.items():
         st = steps[b][j]
-        if ll or st.op == "rrc" or (b, j) in touched:
+        if ll or stage_all or st.op == "rrc" or (b, j) in touched:
             land[tag] = ("s", scratch[b])
             scratch[b] += 1
             staged.add(tag)
@@ -108,66 +127,218 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
             land[tag] = st.dst
     pack: dict[int, Slot] = {}  # LL across nodes: the sender's own scratch slot holding the packets
     if ll:
-        for tag, (a, _) in send_of.items():
-            if _channel_type(topology, program, a, recv_of[tag][0]) == "port":
-                pack[tag] = ("s", scratch[a])
-                scratch[a] += 1
+        for r in range(n):
+            for st in steps[r]:
+                if st.op == "s" and ctype(r, st.peer) == "port":
+                    pack[st.tag] = ("s", scratch[r])
+                    scratch[r] += 1
 
-    gpus: list[GpuPlan] = []
-    for r, g in enumerate(program.gpus):
-        peers: dict[str, set[int]] = {"memory": set(), "port": set()}
-        for st in g.steps:
-            if st.op != "cpy":
-                peers[_channel_type(topology, program, r, st.peer)].add(st.peer)
-        chans = [(t, sorted(peers[t])) for t in ("memory", "port") if peers[t]]
-        ch_index = {(t, p): k for t, ps in chans for k, p in enumerate(ps)}
-        rbufs: list[RemoteBuffer] = []
-        rb_index: dict[tuple[int, str], int] = {}  # (peer, buffer) -> buffer_id (its place among its channel type's)
-        per_type: dict[str, int] = defaultdict(int)
-        for st in g.steps:
-            if st.op == "s" and (st.peer, land[st.tag][0]) not in rb_index:
-                t = _channel_type(topology, program, r, st.peer)
-                rb_index[(st.peer, land[st.tag][0])] = per_type[t]
-                per_type[t] += 1
-                rbufs.append(RemoteBuffer(st.peer, land[st.tag][0], [t]))
-        ops: list[Op] = []
-        waited: dict[int, int] = defaultdict(int)
-        for st in g.steps:
-            if st.op == "cpy":
-                ops.append(Op("copy", [_local(st.src)], [_local(st.dst)]))
-                continue
-            t = _channel_type(topology, program, r, st.peer)
-            ch = [ch_index[(t, st.peer)]]
-            if st.op == "s":
-                slot = land[st.tag]
-                remote = BufRef(slot[1], 1, None, rb_index[(st.peer, slot[0])])
-                if not ll and t == "memory":
-                    ops += [Op("put", [_local(st.src)], [remote], t, ch), Op("signal", [], [], t, ch)]
-                elif not ll:
-                    ops.append(Op("pwsf", [_local(st.src)], [remote], t, ch))
-                elif t == "memory":
-                    ops.append(Op("ppkt", [_local(st.src)], [remote], t, ch))
-                else:
-                    ops += [Op("cpkt", [_local(st.src)], [_local(pack[st.tag])]), Op("ppkt", [_local(pack[st.tag])], [remote], t, ch)]
-                continue
-            if not ll:
-                need = seq[st.tag] + 1 - waited[st.peer]
-                ops += [Op("wait", [], [], t, ch) for _ in range(need)]
-                waited[st.peer] = max(waited[st.peer], seq[st.tag] + 1)
-            if st.tag not in staged:
-                continue
-            stage = _local(land[st.tag])
-            if st.op == "rrc":
-                ops.append(Op("repkt" if ll else "re", [_local(st.src), stage], [_local(st.dst)], extra={"reduce_op": "sum"}))
+    def fans_on(r: int, x: Step, y: Step) -> bool:  # y can join x's fan: one chunk to or from one more peer
+        if x.op != y.op or x.op == "cpy" or x.peer == y.peer or ctype(r, x.peer) != "memory" or ctype(r, y.peer) != "memory":
+            return False
+        if x.op == "s":
+            return y.src == x.src
+        if x.op == "rrc":
+            return x.tag in staged and y.tag in staged and y.src == x.dst == y.dst
+        return x.tag not in staged and y.tag not in staged
+
+    # A thread block runs its steps epoch by epoch and, within an epoch, chunk by chunk (a chunk's
+    # steps of one epoch side by side, so that they can share ops). Chunks are independent and every
+    # GPU keeps that order, so a receive never waits for a send that comes later in it.
+    order = (lambda k: (k[1], k[0])) if by_chunk else (lambda k: k)
+    before: list[dict[int, int]] = []  # rank -> {step: the step of its chunk just before it in the same epoch}
+    for r in range(n):
+        last: dict[Key, int] = {}
+        before.append({})
+        for i, st in enumerate(steps[r]):
+            j = last.get(keys[r][i])
+            if j is not None and steps[r][j].epoch == st.epoch:
+                before[r][i] = j
+            last[keys[r][i]] = i
+
+    def cost(r: int, i: int) -> int:  # the ops a step takes, nops included, one wait assumed
+        st = steps[r][i]
+        if i in before[r] and st.op != "r" and fans_on(r, steps[r][before[r][i]], st):  # joins its chunk's fan
+            return 0
+        if st.op == "cpy":
+            return 2
+        port = ctype(r, st.peer) == "port"
+        if st.op == "s":
+            return (4 if port else 2) if ll else (1 if port else 3)
+        return 2 if ll else (4 if st.tag in staged else 2)
+
+    def peer(r: int, i: int) -> tuple[str, int] | None:
+        st = steps[r][i]
+        return None if st.op == "cpy" else (ctype(r, st.peer), st.peer)
+
+    def rbuf(r: int, i: int) -> tuple[str, int, str] | None:
+        st = steps[r][i]
+        return (ctype(r, st.peer), st.peer, land[st.tag][0]) if st.op == "s" else None
+
+    where = spread(keys, cost, peer, rbuf, op_budget, MAX_CHANNEL, order=order)
+    tb_of = where.tb
+
+    def next_to(a: Slot | None, b: Slot | None) -> bool:
+        return a is not None and b is not None and a[0] == b[0] and a[1] + 1 == b[1]
+
+    def fan(r: int, run: list[int]) -> bool:  # a run over several peers, one chunk each
+        return len(run) > 1 and steps[r][run[1]].peer != steps[r][run[0]].peer
+
+    def joins(r: int, run: list[int], i: int) -> bool:
+        """Whether step i of rank r shares the op of ``run``, the steps just before it in their
+        thread block: the next chunks of contiguous slots to the same peer, or (a fan) the same
+        chunk to or from one more peer over a memory channel (one op, a channel each)."""
+        x, y, first = steps[r][run[-1]], steps[r][i], steps[r][run[0]]
+        if x.op != y.op:
+            return False
+        if x.peer == y.peer and not fan(r, run):
+            if x.op == "cpy":
+                return next_to(x.src, y.src) and next_to(x.dst, y.dst)
+            if x.src is not None and not next_to(x.src, y.src):
+                return False
+            if x.op == "s":
+                return next_to(land[x.tag], land[y.tag]) and (x.tag not in pack or next_to(pack[x.tag], pack[y.tag]))
+            return (x.tag in staged) == (y.tag in staged) and next_to(x.dst, y.dst) and (x.tag not in staged or next_to(land[x.tag], land[y.tag]))
+        if (x.op == "cpy" or len(run) >= MAX_CHANNEL_PER_OPERATION or (len(run) > 1 and not fan(r, run))
+                or y.peer in {steps[r][j].peer for j in run} or ctype(r, y.peer) != "memory" or ctype(r, first.peer) != "memory"):
+            return False
+        return fans_on(r, x, y) and (x.op != "s" or y.src == first.src)
+
+    # Each thread block's steps, in program order, cut into runs that share one op: chunks on
+    # contiguous slots (one op of as many chunks, one signal) or a fan over peers (one op, a
+    # channel per peer).
+    runs_of: list[dict[int, list[list[int]]]] = []
+    for r in range(n):
+        per_tb: dict[int, list[list[int]]] = {}
+        for i in sorted(range(len(steps[r])), key=lambda i: (steps[r][i].epoch, order(keys[r][i]), i)):
+            runs = per_tb.setdefault(tb_of[r][i], [])
+            if runs and joins(r, runs[-1], i):
+                runs[-1].append(i)
             else:
-                ops.append(Op("upkt" if ll else "copy", [stage], [_local(st.dst)]))
-        tb = Threadblock(0, _with_nops(ops), [(t, list(range(len(ps)))) for t, ps in chans],
-                         [(t, [k for k, b in enumerate(rbufs) if b.access == [t]]) for t, _ in chans if any(b.access == [t] for b in rbufs)])
-        i_chunks = g.i_chunks
-        gpus.append(GpuPlan(r, i_chunks, g.o_chunks, scratch[r], [tb], chans, rbufs, []))
+                runs.append([i])
+        runs_of.append(per_tb)
+    # The channels: thread block t of GPU a holds one channel to b exactly when thread block t of
+    # b holds one to a (some transfer of t's keys goes between them), so channels pair in order.
+    opened: list[dict[str, set[tuple[int, int]]]] = [{"memory": set(), "port": set()} for _ in range(n)]
+    seq: dict[int, int] = {}  # tag -> the place of its run's signal among those of its thread block's channel
+    count: dict[tuple[int, int, int], int] = defaultdict(int)
+    for r in range(n):
+        for t, runs in runs_of[r].items():
+            for run in runs:
+                st = steps[r][run[0]]
+                if st.op == "s":
+                    for i in run:
+                        p = steps[r][i].peer
+                        opened[r][ctype(r, p)].add((t, p))
+                        opened[p][ctype(r, p)].add((t, r))
+                        seq[steps[r][i].tag] = count[(r, p, t)]
+                    for p in {steps[r][i].peer for i in run}:
+                        count[(r, p, t)] += 1
+
+    def write_gpu(r: int, g: GpuProgram) -> GpuPlan:  # GPU r's part of the plan
+        chans = [(t, sorted(opened[r][t])) for t in ("memory", "port") if opened[r][t]]
+        gpu_ch = {(t, tp): k for t, tps in chans for k, tp in enumerate(tps)}  # (type, (tb, peer)) -> GPU channel index
+        rbufs: list[RemoteBuffer] = []
+        rb_index: dict[tuple[int, str], int] = {}  # (peer, buffer) -> GPU remote buffer index
+
+        def remote_buffer(tb: _Tb, ct: str, p: int, buf: str) -> int:  # the thread block's buffer_id of peer p's buffer
+            if (p, buf) not in rb_index:
+                rb_index[(p, buf)] = len(rbufs)
+                rbufs.append(RemoteBuffer(p, buf, [ct]))
+            return tb.buffer(ct, rb_index[(p, buf)])
+
+        def waits(tb: _Tb, t: int, run: list[Step]) -> list[Op]:  # wait for every signal the run's chunks need
+            need: dict[int, int] = {}
+            for st in run:
+                need[st.peer] = max(need.get(st.peer, 0), seq[st.tag] + 1)
+            out = []
+            while any(need[p] > tb.waited[p] for p in need):
+                ps = [p for p in need if need[p] > tb.waited[p]]
+                ct = ctype(r, ps[0])
+                out.append(Op("wait", [], [], ct, [tb.channel(ct, gpu_ch[(ct, (t, p))]) for p in ps]))
+                for p in ps:
+                    tb.waited[p] += 1
+            return out
+
+        def fan_ops(t: int, run: list[Step], tb: _Tb) -> list[Op]:  # one chunk to or from several peers (memory channels)
+            st = run[0]
+            ch = [tb.channel("memory", gpu_ch[("memory", (t, x.peer))]) for x in run]
+            if st.op == "s":
+                remotes = [BufRef(land[x.tag][1], 1, None, remote_buffer(tb, "memory", x.peer, land[x.tag][0])) for x in run]
+                if ll:
+                    return [Op("ppkt", [_local(st.src)], remotes, "memory", ch)]
+                return [Op("put", [_local(st.src)], remotes, "memory", ch), Op("signal", [], [], "memory", ch)]
+            out = [] if ll else waits(tb, t, run)
+            if st.op == "rrc":
+                out.append(Op("repkt" if ll else "re", [_local(st.src)] + [_local(land[x.tag]) for x in run], [_local(run[-1].dst)],
+                              extra={"reduce_op": "sum"}))
+            return out
+
+        blocks: list[Threadblock] = []
+        for t, runs in sorted(runs_of[r].items()):
+            tb = _Tb()
+            for run in runs:
+                st = g.steps[run[0]]
+                if fan(r, run):
+                    tb.ops += fan_ops(t, [g.steps[i] for i in run], tb)
+                    continue
+                k = len(run)
+                if st.op == "cpy":
+                    tb.ops.append(Op("copy", [_local(st.src, k)], [_local(st.dst, k)]))
+                    continue
+                ct = ctype(r, st.peer)
+                ch = [tb.channel(ct, gpu_ch[(ct, (t, st.peer))])]
+                if st.op == "s":
+                    remote = BufRef(land[st.tag][1], k, None, remote_buffer(tb, ct, st.peer, land[st.tag][0]))
+                    if not ll and ct == "memory":
+                        tb.ops += [Op("put", [_local(st.src, k)], [remote], ct, ch), Op("signal", [], [], ct, ch)]
+                    elif not ll:
+                        tb.ops.append(Op("pwsf", [_local(st.src, k)], [remote], ct, ch))
+                    elif ct == "memory":
+                        tb.ops.append(Op("ppkt", [_local(st.src, k)], [remote], ct, ch))
+                    else:
+                        tb.ops += [Op("cpkt", [_local(st.src, k)], [_local(pack[st.tag], k)]),
+                                   Op("ppkt", [_local(pack[st.tag], k)], [remote], ct, ch)]
+                    continue
+                if not ll:
+                    tb.ops += waits(tb, t, [g.steps[i] for i in run])
+                if st.tag not in staged:
+                    continue
+                stage = _local(land[st.tag], k)
+                if st.op == "rrc":
+                    tb.ops.append(Op("repkt" if ll else "re", [_local(st.src, k), stage], [_local(st.dst, k)], extra={"reduce_op": "sum"}))
+                else:
+                    tb.ops.append(Op("upkt" if ll else "copy", [stage], [_local(st.dst, k)]))
+            blocks.append(Threadblock(len(blocks), _with_nops(tb.ops), [(ct, ids) for ct, ids in tb.channels.items()],
+                                      [(ct, list(ids)) for ct, ids in tb.buffers.items()]))
+        return GpuPlan(r, g.i_chunks, g.o_chunks, scratch[r], blocks, [(t, [p for _, p in tps]) for t, tps in chans], rbufs, [])
+    gpus = [write_gpu(r, g) for r, g in enumerate(program.gpus)]
     extra = {"reuse_resources": False, "num_threads_per_block": 1024, "use_double_scratch_buffer": ll,
              "buffer_alignment": 16, "min_message_size": min_bytes, "max_message_size": MAX_U64 if max_bytes is None else max_bytes}
     return Plan(name or program.name or "flowride", program.collective.value, proto, False, gpus, extra)
+
+
+@dataclass
+class _Tb:
+    """A thread block as it is written: its ops, and the GPU channels and remote buffers it holds,
+    per channel type, in the order its ops first use them (an op names them by that place)."""
+
+    ops: list[Op] = field(default_factory=list)
+    channels: dict[str, list[int]] = field(default_factory=dict)
+    buffers: dict[str, list[int]] = field(default_factory=dict)
+    waited: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+
+    def channel(self, ctype: str, gpu_channel: int) -> int:
+        ids = self.channels.setdefault(ctype, [])
+        if gpu_channel not in ids:
+            ids.append(gpu_channel)
+        return ids.index(gpu_channel)
+
+    def buffer(self, ctype: str, gpu_buffer: int) -> int:
+        ids = self.buffers.setdefault(ctype, [])
+        if gpu_buffer not in ids:
+            ids.append(gpu_buffer)
+        return ids.index(gpu_buffer)
 
 
 def _with_nops(ops: list[Op]) -> list[Op]:
@@ -191,19 +362,22 @@ def to_mscclpp(program: Program, topology: Topology, proto: str = "Simple", name
     before it is returned, as :func:`~flowride.program.to_msccl_xml` checks its XML: a plan that
     fails either is a bug here, raised as ValueError, never written. A plan over the executor's
     fixed tables (:func:`~flowride.program.mscclpp_rules.check_limits`: 64 ops per thread block,
-    16 channels or remote buffers of a type) is refused as :class:`InputError`: the executor would
-    refuse to launch it, and flowride writes one thread block per GPU (``within_limits=False``
-    skips that check: tests of the writer's logic on large schedules)."""
+    16 channels or remote buffers of a type, 104 thread blocks) is refused as :class:`InputError`:
+    the executor would refuse to launch it, or could deadlock. The steps are spread over as many
+    thread blocks as the ops need (:mod:`~flowride.program.mscclpp_spread`); when a thread block
+    needs more waits than the spread counted, it is spread again with less room per thread block.
+    ``within_limits=False`` returns the plan whatever its size (tests of the writer's logic)."""
     from flowride.program.mscclpp_exec import run_plan
-    from flowride.program.mscclpp_rules import check_limits, check_rules
+    from flowride.program.mscclpp_rules import check_rules
 
-    plan = build_plan(program, topology, proto, name, min_bytes, max_bytes)
-    over = check_limits(plan) if within_limits else []
+    plan, over = _fitted(program, topology, proto, name, min_bytes, max_bytes)
+    over = over if within_limits else []
     if over:
         raise InputError("mscclpp", f"the {program.collective.value} plan on {program.ngpus} GPUs would exceed the MSCCL++ "
                          f"executor's limits: {over[0]}" + (f" (and {len(over) - 1} more)" if len(over) > 1 else ""),
-                         "flowride writes one thread block per GPU: export a schedule with fewer chunks (flowride synth "
-                         "--chunks 1) or fewer GPUs (docs/mscclpp.md)")
+                         f"flowride spreads a GPU's steps over at most {MAX_THREADBLOCKS} thread blocks of "
+                         f"{MAX_OPERATION} ops: export a schedule with fewer chunks (flowride synth --chunks N) "
+                         "or fewer GPUs (docs/mscclpp.md)")
     found = check_rules(plan)
     ran = run_plan(plan) if not found else None
     if found or ran.problems or ran.unmodelled:
@@ -211,6 +385,58 @@ def to_mscclpp(program: Program, topology: Topology, proto: str = "Simple", name
         raise ValueError(f"the MSCCL++ plan written for {program.collective.value} on {program.ngpus} GPUs fails its check: "
                          f"{why[0]}" + (f" (and {len(why) - 1} more)" if len(why) > 1 else ""))
     return plan.to_json()
+
+
+def _fitted(program: Program, topology: Topology, proto: str, name: str | None, min_bytes: int,
+            max_bytes: int | None) -> tuple[Plan, list[str]]:
+    """The plan with the fewest thread blocks whose thread blocks keep to the executor's 64 ops,
+    and what it still exceeds. The spread prices a step before neighbouring steps share ops (one
+    op for a run of chunks on contiguous slots) and assumes one wait per receive, so the room it is
+    given is searched: doubled while the ops still fit, halved towards the last budget that fit."""
+    from flowride.program.mscclpp_rules import check_limits
+
+    validate_program(program)
+    _check_topology(program, topology)
+    prepared = prepare(program)
+
+    def build(budget: int, variant: dict) -> tuple[Plan, list[str], bool]:
+        plan = build_plan(program, topology, proto, name, min_bytes, max_bytes, op_budget=budget, prepared=prepared, **variant)
+        over = check_limits(plan)
+        return plan, over, not any(" ops, over " in o for o in over)
+
+    def blocks(plan: Plan) -> int:
+        return max((len(g.threadblocks) for g in plan.gpus), default=0)
+
+    def search(variant: dict) -> tuple[Plan, list[str], bool]:
+        budget, best = MAX_OPERATION, build(MAX_OPERATION, variant)
+        while not best[2] and budget > MAX_OPERATION // 4:  # more waits than counted: give each thread block less room
+            budget -= MAX_OPERATION // 8
+            best = build(budget, variant)
+        if not best[2]:
+            return best
+        fits, fails = budget, None
+        while blocks(best[0]) > 1 and fits < 64 * MAX_OPERATION:  # double the room while the ops fit
+            trial = build(2 * fits, variant)
+            if not trial[2]:
+                fails = 2 * fits
+                break
+            best, fits = trial, 2 * fits
+        while fails is not None and fails - fits > MAX_OPERATION // 8:  # then halve the gap
+            mid = (fits + fails) // 2
+            trial = build(mid, variant)
+            if trial[2]:
+                best, fits = trial, mid
+            else:
+                fails = mid
+        return best
+
+    first = None
+    for variant in ({}, {"stage_all": True}, {"by_chunk": False}, {"by_chunk": False, "stage_all": True}):
+        plan, over, _ = search(variant)
+        if not over:
+            return plan, over
+        first = first or (plan, over)
+    return first
 
 
 def write_mscclpp(program: Program, topology: Topology, path: str | Path, proto: str = "Simple", name: str | None = None,
