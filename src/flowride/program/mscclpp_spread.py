@@ -14,9 +14,10 @@ here:
 - an input or output slot holding two keys over time: flowride's buffer layouts never do this,
   and a program that did is refused.
 
-:func:`spread` deals the keys in their order (a block's chunks together, so a thread block keeps
-to few peers) to thread block after thread block, each filled while every GPU's share stays within
-an op budget and the channel and remote-buffer tables. Each thread block keeps its own channel to
+:func:`spread` deals the keys in order, each to the first thread block where every GPU's share
+stays within an op budget and the channel and remote-buffer tables (first fit), so a thread block
+light on one GPU takes the keys heavy there. :func:`bundle` ties chunks whose steps are alike into
+one unit (a coarser pipeline), so that one op moves them all. Each thread block keeps its own channel to
 each of its peers, so the signals it counts on a channel are its own.
 """
 
@@ -25,6 +26,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from flowride.program.model import GpuProgram, Program, Slot, initial_buffers, run_program
 
@@ -53,23 +56,26 @@ def step_keys(program: Program) -> list[list[Key]]:
     return keys
 
 
-def private_scratch(program: Program, keys: list[list[Key]]) -> Program:
+def private_scratch(program: Program, keys: list[list[Key]], bundles: Bundles | None = None) -> Program:
     """A copy of ``program`` in which every (scratch slot, key) pair has a scratch slot of its own,
     so that no slot is shared by two keys (and so by two thread blocks). A send's ``dst`` follows
-    its receive's new slot. An input or output slot that holds two keys is a ValueError."""
+    its receive's new slot. An input or output slot that holds two keys is a ValueError. With
+    ``bundles``, the members of a bundle get side-by-side slots (their q-th scratch slots are
+    ``base + member``), so one op can move them all."""
     gpus: list[GpuProgram] = []
     dst_of: dict[int, Slot] = {}
     for g in program.gpus:
+        places = Places(bundles)
         new: dict[tuple[int, Key], int] = {}
         owner: dict[Slot, Key] = {}
         steps = []
         for st, k in zip(g.steps, keys[g.rank], strict=True):
-            st2 = replace(st, src=_own(st.src, k, new, owner, g.rank),
-                          dst=st.dst if st.op == "s" else _own(st.dst, k, new, owner, g.rank), deps=list(st.deps))
+            st2 = replace(st, src=_own(st.src, k, new, owner, places, g.rank),
+                          dst=st.dst if st.op == "s" else _own(st.dst, k, new, owner, places, g.rank), deps=list(st.deps))
             if st.op in ("r", "rrc"):
                 dst_of[st.tag] = st2.dst
             steps.append(st2)
-        gpus.append(replace(g, s_chunks=len(new), steps=steps))
+        gpus.append(replace(g, s_chunks=places.next, steps=steps))
     for g in gpus:
         for st in g.steps:
             if st.op == "s":
@@ -77,16 +83,104 @@ def private_scratch(program: Program, keys: list[list[Key]]) -> Program:
     return replace(program, gpus=gpus)
 
 
-def _own(slot: Slot | None, k: Key, new: dict[tuple[int, Key], int], owner: dict[Slot, Key], rank: int) -> Slot | None:
+def _own(slot: Slot | None, k: Key, new: dict[tuple[int, Key], int], owner: dict[Slot, Key], places: Places,
+         rank: int) -> Slot | None:
     """``slot`` as key ``k`` sees it: a scratch slot of its own, or the input/output slot itself."""
     if slot is None:
         return None
     if slot[0] == "s":
-        return ("s", new.setdefault((slot[1], k), len(new)))
+        if (slot[1], k) not in new:
+            new[(slot[1], k)] = places.take(k, "scratch")
+        return ("s", new[(slot[1], k)])
     if owner.setdefault(slot, k) != k:
         raise ValueError(f"rank {rank} {slot[0]}[{slot[1]}] holds chunk {owner[slot]} and chunk {k}: "
                          "its thread blocks could not be kept apart")
     return slot
+
+
+@dataclass
+class Bundles:
+    """Chunks of one block tied together ``size`` at a time (a coarser pipeline): on every GPU the
+    members' steps are alike (same ops, peers and buffers, input/output slots side by side), and
+    each member's i-th step runs in the latest epoch of the members' i-th steps (``epoch``), so the
+    members' steps stand side by side in a thread block and share one op."""
+
+    rep: dict[Key, Key]  # key -> its bundle's first key
+    member: dict[Key, int]  # key -> its place in the bundle
+    size: dict[Key, int]  # first key -> how many members
+    epoch: list[list[int]]  # rank -> step -> the epoch it runs in
+
+
+class Places:
+    """Allocates a GPU's extra slots (private scratch, staging, packets) so that the members of a
+    bundle get side-by-side ones: the q-th slot of a kind that key ``k`` takes is ``base + member``,
+    ``base`` taken for the whole bundle when its first member asks."""
+
+    def __init__(self, bundles: Bundles | None, start: int = 0) -> None:
+        self.bundles, self.next = bundles, start
+        self.taken: dict[tuple[Key, str], int] = defaultdict(int)
+        self.base: dict[tuple[Key, str, int], int] = {}
+
+    def take(self, k: Key, kind: str) -> int:
+        b = self.bundles
+        rep, j, size = (b.rep[k], b.member[k], b.size[b.rep[k]]) if b is not None else (k, 0, 1)
+        q = self.taken[(k, kind)]
+        self.taken[(k, kind)] += 1
+        if (rep, kind, q) not in self.base:
+            self.base[(rep, kind, q)] = self.next
+            self.next += size
+        return self.base[(rep, kind, q)] + j
+
+
+def bundle(program: Program, keys: list[list[Key]], size: int) -> Bundles:
+    """Tie chunks ``c0 .. c0+size-1`` of each block (``c0`` a multiple of ``size``) into a bundle
+    where their steps are alike on every GPU (:class:`Bundles`); chunks where they are not stay
+    alone."""
+    epochs = [[st.epoch for st in g.steps] for g in program.gpus]
+    every = {k for ks in keys for k in ks}
+    rep = {k: k for k in every}
+    member = dict.fromkeys(every, 0)
+    sizes = dict.fromkeys(every, 1)
+    if size <= 1:
+        return Bundles(rep, member, sizes, epochs)
+    steps_of: list[dict[Key, list[int]]] = []
+    for ks in keys:
+        d: dict[Key, list[int]] = defaultdict(list)
+        for i, k in enumerate(ks):
+            d[k].append(i)
+        steps_of.append(d)
+    for k0 in sorted(every):
+        if k0[1] % size or any((k0[0], k0[1] + j) not in every for j in range(size)):
+            continue
+        group = [(k0[0], k0[1] + j) for j in range(size)]
+        if all(_alike(program.gpus[r].steps, [steps_of[r].get(k, []) for k in group]) for r in range(program.ngpus)):
+            for j, k in enumerate(group):
+                rep[k], member[k] = k0, j
+            sizes[k0] = size
+            for r in range(program.ngpus):
+                seqs = [steps_of[r].get(k, []) for k in group]
+                for i in range(len(seqs[0])):
+                    e = max(epochs[r][s[i]] for s in seqs)
+                    for s in seqs:
+                        epochs[r][s[i]] = e
+    return Bundles(rep, member, sizes, epochs)
+
+
+def _alike(steps: list, seqs: list[list[int]]) -> bool:
+    """Whether the members' steps on one GPU are alike: same ops and peers, input and output slots
+    side by side (member j's at the first member's plus j), scratch in scratch."""
+    if any(len(s) != len(seqs[0]) for s in seqs):
+        return False
+    for i in range(len(seqs[0])):
+        first = steps[seqs[0][i]]
+        for j, s in enumerate(seqs[1:], 1):
+            st = steps[s[i]]
+            if st.op != first.op or st.peer != first.peer:
+                return False
+            for a, b in ((first.src, st.src), (None if first.op == "s" else first.dst, None if st.op == "s" else st.dst)):
+                if (a is None) != (b is None) or (a is not None and (a[0] != b[0] or (a[0] != "s" and b[1] != a[1] + j))):
+                    return False
+    return True
 
 
 @dataclass
@@ -111,19 +205,19 @@ def spread(keys: list[list[Key]], cost: Callable[[int, int], int], peer: Callabl
     """Deal the keys out to thread blocks (module docstring). ``cost(rank, step)``: the ops the
     step may take at most; ``peer(rank, step)``: the (channel type, peer) it talks over, or None;
     ``rbuf(rank, step)``: the (channel type, peer, buffer) it writes remotely, or None; ``order``:
-    the order keys are dealt in. A key that alone exceeds the room gets a thread block of its own
-    (the plan's limits, checked afterwards, say whether it fits)."""
+    the order keys are dealt in, each to the first thread block it fits (first fit: thread blocks
+    light on one GPU take the keys heavy there)."""
     per_key: dict[Key, list[tuple[int, int]]] = defaultdict(list)
     for r, ks in enumerate(keys):
         for i, k in enumerate(ks):
             per_key[k].append((r, i))
+    n = len(keys)
     tb = [[0] * len(ks) for ks in keys]
-    fill = _Fill(defaultdict(int), defaultdict(set), defaultdict(set))
-    count = 1
+    fills: list[_Fill] = []
+    load = np.zeros((0, n), dtype=np.int64)  # thread block x rank: the ops dealt so far
 
     def fits(add: _Fill, into: _Fill) -> bool:
-        return (all(into.ops[r] + n <= op_budget for r, n in add.ops.items())
-                and all(len(into.peers[rt] | ps) <= max_channels for rt, ps in add.peers.items())
+        return (all(len(into.peers[rt] | ps) <= max_channels for rt, ps in add.peers.items())
                 and all(len(into.bufs[rt] | bs) <= max_channels for rt, bs in add.bufs.items()))
 
     for k in sorted(per_key, key=order):
@@ -134,14 +228,23 @@ def spread(keys: list[list[Key]], cost: Callable[[int, int], int], peer: Callabl
                 add.peers[(r, p[0])].add(p[1])
             if (b := rbuf(r, i)) is not None:
                 add.bufs[(r, b[0])].add((b[1], b[2]))
-        if fill.ops and not fits(add, fill):  # a key that alone exceeds the room gets a thread block of its own
-            fill, count = _Fill(defaultdict(int), defaultdict(set), defaultdict(set)), count + 1
-        for r, n in add.ops.items():
-            fill.ops[r] += n
+        need = np.zeros(n, dtype=np.int64)
+        for r, c in add.ops.items():
+            need[r] = c
+        # first fit: the first thread block with room on every GPU and channels to spare; a key
+        # that alone exceeds the room gets a thread block of its own (the plan's limits, checked
+        # afterwards, say whether it fits)
+        room = np.nonzero((load + need <= op_budget).all(axis=1))[0] if len(fills) else []
+        t = next((int(t) for t in room if fits(add, fills[t])), None)
+        if t is None:
+            t = len(fills)
+            fills.append(_Fill(defaultdict(int), defaultdict(set), defaultdict(set)))
+            load = np.vstack([load, np.zeros((1, n), dtype=np.int64)])
+        load[t] += need
         for rt, ps in add.peers.items():
-            fill.peers[rt] |= ps
+            fills[t].peers[rt] |= ps
         for rt, bs in add.bufs.items():
-            fill.bufs[rt] |= bs
+            fills[t].bufs[rt] |= bs
         for r, i in per_key[k]:
-            tb[r][i] = count - 1
-    return Spread(tb, count)
+            tb[r][i] = t
+    return Spread(tb, max(1, len(fills)))

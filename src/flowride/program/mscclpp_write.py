@@ -25,6 +25,7 @@ follow them. Each GPU runs one thread block holding its steps in program order, 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +48,15 @@ from flowride.program.mscclpp_rules import (
     MAX_OPERATION,
     MAX_THREADBLOCKS,
 )
-from flowride.program.mscclpp_spread import Key, private_scratch, spread, step_keys
+from flowride.program.mscclpp_spread import (
+    Bundles,
+    Key,
+    Places,
+    bundle,
+    private_scratch,
+    spread,
+    step_keys,
+)
 from flowride.topology.model import Topology
 
 
@@ -69,32 +78,49 @@ def _check_topology(program: Program, topology: Topology) -> None:
                              "pass the topology the schedule was built on")
 
 
-def prepare(program: Program) -> tuple[list[list[Key]], Program]:
-    """The key of each step and the program with a scratch slot per (slot, key), which every
-    spread of ``program`` starts from (:mod:`flowride.program.mscclpp_spread`)."""
+@dataclass
+class Prepared:
+    """What every spread of one program starts from: the key of each step, the bundles (chunks
+    tied together, :func:`~flowride.program.mscclpp_spread.bundle`) and the program with a scratch
+    slot per (slot, key) (:mod:`flowride.program.mscclpp_spread`)."""
+
+    keys: list[list[Key]]
+    bundles: Bundles
+    program: Program
+
+
+def prepare(program: Program, bundle_size: int = 1, keys: list[list[Key]] | None = None) -> Prepared:
     validate_program(program)
-    keys = step_keys(program)
-    return keys, private_scratch(program, keys)
+    keys = keys if keys is not None else step_keys(program)
+    bundles = bundle(program, keys, bundle_size)
+    return Prepared(keys, bundles, private_scratch(program, keys, bundles if bundle_size > 1 else None))
 
 
 def build_plan(program: Program, topology: Topology, proto: str = "Simple", name: str | None = None,
                min_bytes: int = 0, max_bytes: int | None = None, op_budget: int = MAX_OPERATION,
-               prepared: tuple[list[list[Key]], Program] | None = None, by_chunk: bool = True,
-               stage_all: bool = False) -> Plan:
+               prepared: Prepared | None = None, by_chunk: bool = True,
+               stage_all: bool = False, by_unit: bool = False, measured: dict[tuple[int, Key], int] | None = None,
+               measure: dict[tuple[int, Key], int] | None = None) -> Plan:
     """The :class:`~flowride.program.mscclpp_plan.Plan` of ``program`` on ``topology``, its steps
     spread over thread blocks of at most about ``op_budget`` ops each
     (:mod:`flowride.program.mscclpp_spread`). ``prepared``: :func:`prepare`'s result, when the
     same program is written more than once. ``by_chunk``: deal the keys out chunk by chunk (every
     block's chunk c together, which spreads each GPU's work evenly) rather than block by block;
     ``stage_all``: land every transfer in the receiver's scratch, so a thread block writes one
-    remote buffer per peer (16 at most), at the cost of a local copy per receive."""
+    remote buffer per peer (16 at most), at the cost of a local copy per receive; ``by_unit``: a
+    thread block runs one bundle's steps after another's rather than epoch by epoch (less overlap
+    inside it, but a bundle's steps stand together and share ops as they do alone). ``measured``:
+    the ops each (rank, bundle) took alone in a thread block, which the spread then uses in place
+    of its own pricing; ``measure``: a dict filled with the ops of each thread block holding one
+    bundle, by (rank, bundle) (``op_budget=0`` gives every bundle a thread block of its own)."""
     validate_program(program)
     _check_topology(program, topology)
     if proto not in ("Simple", "LL"):
         raise InputError("proto", f"{proto!r} is not an MSCCL++ protocol flowride writes", "use Simple or LL")
     if not (isinstance(min_bytes, int) and min_bytes >= 0 and (max_bytes is None or (isinstance(max_bytes, int) and max_bytes >= min_bytes))):
         raise InputError("min_bytes/max_bytes", f"{min_bytes!r}..{max_bytes!r} is not a size range", "give 0 <= min_bytes <= max_bytes")
-    keys, program = prepared or prepare(program)
+    prepared = prepared or prepare(program)
+    keys, bundles, program = prepared.keys, prepared.bundles, prepared.program
     n, ll = program.ngpus, proto == "LL"
     steps = [g.steps for g in program.gpus]
 
@@ -117,21 +143,23 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
                 touched.add((r, i))
             used.update(reads(st))
             used.update(writes(st))
-    for tag, (b, j) in recv_of.items():
-        st = steps[b][j]
-        if ll or stage_all or st.op == "rrc" or (b, j) in touched:
-            land[tag] = ("s", scratch[b])
-            scratch[b] += 1
-            staged.add(tag)
-        else:
-            land[tag] = st.dst
+    places = [Places(bundles, scratch[r]) for r in range(n)]  # staging and packets: a bundle's side by side
+    for b in range(n):
+        for j, st in enumerate(steps[b]):
+            if st.op not in ("r", "rrc"):
+                continue
+            if ll or stage_all or st.op == "rrc" or (b, j) in touched:
+                land[st.tag] = ("s", places[b].take(keys[b][j], "stage"))
+                staged.add(st.tag)
+            else:
+                land[st.tag] = st.dst
     pack: dict[int, Slot] = {}  # LL across nodes: the sender's own scratch slot holding the packets
     if ll:
         for r in range(n):
-            for st in steps[r]:
+            for i, st in enumerate(steps[r]):
                 if st.op == "s" and ctype(r, st.peer) == "port":
-                    pack[st.tag] = ("s", scratch[r])
-                    scratch[r] += 1
+                    pack[st.tag] = ("s", places[r].take(keys[r][i], "pack"))
+    scratch = [pl.next for pl in places]
 
     def fans_on(r: int, x: Step, y: Step) -> bool:  # y can join x's fan: one chunk to or from one more peer
         if x.op != y.op or x.op == "cpy" or x.peer == y.peer or ctype(r, x.peer) != "memory" or ctype(r, y.peer) != "memory":
@@ -143,21 +171,32 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
         return x.tag not in staged and y.tag not in staged
 
     # A thread block runs its steps epoch by epoch and, within an epoch, chunk by chunk (a chunk's
-    # steps of one epoch side by side, so that they can share ops). Chunks are independent and every
-    # GPU keeps that order, so a receive never waits for a send that comes later in it.
+    # steps of one epoch side by side, so that they can share ops), or with by_unit bundle by
+    # bundle. Chunks are independent and every GPU keeps the same order, so a receive never waits
+    # for a send that comes later in it.
     order = (lambda k: (k[1], k[0])) if by_chunk else (lambda k: k)
     before: list[dict[int, int]] = []  # rank -> {step: the step of its chunk just before it in the same epoch}
     for r in range(n):
         last: dict[Key, int] = {}
         before.append({})
-        for i, st in enumerate(steps[r]):
+        for i in range(len(steps[r])):
             j = last.get(keys[r][i])
-            if j is not None and steps[r][j].epoch == st.epoch:
+            if j is not None and bundles.epoch[r][j] == bundles.epoch[r][i]:
                 before[r][i] = j
             last[keys[r][i]] = i
 
+    first_step = {}  # (rank, bundle) -> its first step on the rank: where a measured cost is put
+    for r in range(n):
+        for i in range(len(steps[r])):
+            first_step.setdefault((r, bundles.rep[keys[r][i]]), i)
+
     def cost(r: int, i: int) -> int:  # the ops a step takes, nops included, one wait assumed
         st = steps[r][i]
+        if measured is not None:
+            unit = (r, bundles.rep[keys[r][i]])
+            return measured.get(unit, 0) if first_step[unit] == i else 0
+        if bundles.member[keys[r][i]]:  # shares the op of its bundle's first chunk
+            return 0
         if i in before[r] and st.op != "r" and fans_on(r, steps[r][before[r][i]], st):  # joins its chunk's fan
             return 0
         if st.op == "cpy":
@@ -175,7 +214,7 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
         st = steps[r][i]
         return (ctype(r, st.peer), st.peer, land[st.tag][0]) if st.op == "s" else None
 
-    where = spread(keys, cost, peer, rbuf, op_budget, MAX_CHANNEL, order=order)
+    where = spread([[bundles.rep[k] for k in ks] for ks in keys], cost, peer, rbuf, op_budget, MAX_CHANNEL, order=order)
     tb_of = where.tb
 
     def next_to(a: Slot | None, b: Slot | None) -> bool:
@@ -210,7 +249,8 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
     runs_of: list[dict[int, list[list[int]]]] = []
     for r in range(n):
         per_tb: dict[int, list[list[int]]] = {}
-        for i in sorted(range(len(steps[r])), key=lambda i: (steps[r][i].epoch, order(keys[r][i]), i)):
+        for i in sorted(range(len(steps[r])), key=lambda i: (0 if by_unit else bundles.epoch[r][i], order(bundles.rep[keys[r][i]]),
+                                                              bundles.epoch[r][i], bundles.member[keys[r][i]], i)):
             runs = per_tb.setdefault(tb_of[r][i], [])
             if runs and joins(r, runs[-1], i):
                 runs[-1].append(i)
@@ -311,6 +351,8 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
                     tb.ops.append(Op("upkt" if ll else "copy", [stage], [_local(st.dst, k)]))
             blocks.append(Threadblock(len(blocks), _with_nops(tb.ops), [(ct, ids) for ct, ids in tb.channels.items()],
                                       [(ct, list(ids)) for ct, ids in tb.buffers.items()]))
+            if measure is not None and len(units := {bundles.rep[keys[r][i]] for run in runs for i in run}) == 1:
+                measure[(r, units.pop())] = len(blocks[-1].ops)
         return GpuPlan(r, g.i_chunks, g.o_chunks, scratch[r], blocks, [(t, [p for _, p in tps]) for t, tps in chans], rbufs, [])
     gpus = [write_gpu(r, g) for r, g in enumerate(program.gpus)]
     extra = {"reuse_resources": False, "num_threads_per_block": 1024, "use_double_scratch_buffer": ll,
@@ -370,36 +412,47 @@ def to_mscclpp(program: Program, topology: Topology, proto: str = "Simple", name
     from flowride.program.mscclpp_exec import run_plan
     from flowride.program.mscclpp_rules import check_rules
 
-    plan, over = _fitted(program, topology, proto, name, min_bytes, max_bytes)
-    over = over if within_limits else []
-    if over:
-        raise InputError("mscclpp", f"the {program.collective.value} plan on {program.ngpus} GPUs would exceed the MSCCL++ "
-                         f"executor's limits: {over[0]}" + (f" (and {len(over) - 1} more)" if len(over) > 1 else ""),
-                         f"flowride spreads a GPU's steps over at most {MAX_THREADBLOCKS} thread blocks of "
-                         f"{MAX_OPERATION} ops: export a schedule with fewer chunks (flowride synth --chunks N) "
-                         "or fewer GPUs (docs/mscclpp.md)")
-    found = check_rules(plan)
-    ran = run_plan(plan) if not found else None
-    if found or ran.problems or ran.unmodelled:
-        why = found or (ran.problems if ran.problems else [ran.unmodelled])
-        raise ValueError(f"the MSCCL++ plan written for {program.collective.value} on {program.ngpus} GPUs fails its check: "
-                         f"{why[0]}" + (f" (and {len(why) - 1} more)" if len(why) > 1 else ""))
-    return plan.to_json()
+    def check(plan: Plan) -> list[str]:
+        found = check_rules(plan)
+        ran = run_plan(plan) if not found else None
+        return found or (ran.problems if ran.problems else ([ran.unmodelled] if ran.unmodelled else []))
+
+    first = None
+    for plan, over, coarse in _candidates(program, topology, proto, name, min_bytes, max_bytes):
+        if over and within_limits:
+            first = first or over
+            continue
+        why = check(plan)
+        if why and coarse:  # a coarser pipeline that does not hold up is passed over, not written
+            first = first or [f"the plan with chunks tied together fails its check: {why[0]}"]
+            continue
+        if why:
+            raise ValueError(f"the MSCCL++ plan written for {program.collective.value} on {program.ngpus} GPUs fails its check: "
+                             f"{why[0]}" + (f" (and {len(why) - 1} more)" if len(why) > 1 else ""))
+        return plan.to_json()
+    raise InputError("mscclpp", f"the {program.collective.value} plan on {program.ngpus} GPUs would exceed the MSCCL++ "
+                     f"executor's limits: {first[0]}" + (f" (and {len(first) - 1} more)" if len(first) > 1 else ""),
+                     f"flowride spreads a GPU's steps over at most {MAX_THREADBLOCKS} thread blocks of "
+                     f"{MAX_OPERATION} ops: export a schedule with fewer chunks (flowride synth --chunks N) "
+                     "or fewer GPUs (docs/mscclpp.md)")
 
 
-def _fitted(program: Program, topology: Topology, proto: str, name: str | None, min_bytes: int,
-            max_bytes: int | None) -> tuple[Plan, list[str]]:
-    """The plan with the fewest thread blocks whose thread blocks keep to the executor's 64 ops,
-    and what it still exceeds. The spread prices a step before neighbouring steps share ops (one
-    op for a run of chunks on contiguous slots) and assumes one wait per receive, so the room it is
-    given is searched: doubled while the ops still fit, halved towards the last budget that fit."""
+def _candidates(program: Program, topology: Topology, proto: str, name: str | None, min_bytes: int,
+                max_bytes: int | None) -> Iterator[tuple[Plan, list[str], bool]]:
+    """Plans of ``program`` in the order they are preferred, each with what it exceeds of the
+    executor's tables and whether it ties chunks together (a coarser pipeline than the schedule's).
+    Each is the plan with the fewest thread blocks whose thread blocks keep to 64 ops for its way
+    of spreading: the spread prices a step before neighbouring steps share ops and assumes one wait
+    per receive, so the room it is given is searched, doubled while the ops still fit, then
+    bisected. The ways: keys dealt chunk first, then with every transfer landing in scratch, then
+    block first; then the same with 2, 4, 8, ... chunks of a block tied together."""
     from flowride.program.mscclpp_rules import check_limits
 
     validate_program(program)
     _check_topology(program, topology)
-    prepared = prepare(program)
+    keys = step_keys(program)
 
-    def build(budget: int, variant: dict) -> tuple[Plan, list[str], bool]:
+    def build(budget: int, prepared: Prepared, variant: dict) -> tuple[Plan, list[str], bool]:
         plan = build_plan(program, topology, proto, name, min_bytes, max_bytes, op_budget=budget, prepared=prepared, **variant)
         over = check_limits(plan)
         return plan, over, not any(" ops, over " in o for o in over)
@@ -407,36 +460,42 @@ def _fitted(program: Program, topology: Topology, proto: str, name: str | None, 
     def blocks(plan: Plan) -> int:
         return max((len(g.threadblocks) for g in plan.gpus), default=0)
 
-    def search(variant: dict) -> tuple[Plan, list[str], bool]:
-        budget, best = MAX_OPERATION, build(MAX_OPERATION, variant)
+    def search(prepared: Prepared, variant: dict) -> tuple[Plan, list[str], bool]:
+        alone: dict[tuple[int, Key], int] = {}
+        build_plan(program, topology, proto, name, min_bytes, max_bytes, op_budget=0, prepared=prepared, measure=alone, **variant)
+        variant = {**variant, "measured": alone}
+        budget, best = MAX_OPERATION, build(MAX_OPERATION, prepared, variant)
         while not best[2] and budget > MAX_OPERATION // 4:  # more waits than counted: give each thread block less room
             budget -= MAX_OPERATION // 8
-            best = build(budget, variant)
+            best = build(budget, prepared, variant)
         if not best[2]:
             return best
         fits, fails = budget, None
         while blocks(best[0]) > 1 and fits < 64 * MAX_OPERATION:  # double the room while the ops fit
-            trial = build(2 * fits, variant)
+            trial = build(2 * fits, prepared, variant)
             if not trial[2]:
                 fails = 2 * fits
                 break
             best, fits = trial, 2 * fits
         while fails is not None and fails - fits > MAX_OPERATION // 8:  # then halve the gap
             mid = (fits + fails) // 2
-            trial = build(mid, variant)
+            trial = build(mid, prepared, variant)
             if trial[2]:
                 best, fits = trial, mid
             else:
                 fails = mid
         return best
 
-    first = None
-    for variant in ({}, {"stage_all": True}, {"by_chunk": False}, {"by_chunk": False, "stage_all": True}):
-        plan, over, _ = search(variant)
-        if not over:
-            return plan, over
-        first = first or (plan, over)
-    return first
+    size = 1
+    while size <= max(1, program.chunks):
+        prepared = prepare(program, size, keys)
+        if size == 1 or any(v > 1 for v in prepared.bundles.size.values()):
+            ways = ({}, {"stage_all": True}, {"by_chunk": False}, {"by_unit": True}, {"by_unit": True, "stage_all": True})
+            ways = ways if size == 1 else ({"by_unit": True}, {"by_unit": True, "stage_all": True})
+            for variant in ways:
+                plan, over, _ = search(prepared, variant)
+                yield plan, over, size > 1
+        size *= 2
 
 
 def write_mscclpp(program: Program, topology: Topology, path: str | Path, proto: str = "Simple", name: str | None = None,
