@@ -22,6 +22,7 @@ each step lists the earlier steps of its GPU it must wait for
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from flowride.collectives.demand import Collective
@@ -54,8 +55,7 @@ def transfers(schedule: Schedule) -> list[Transfer]:
     arrivals: dict[tuple, list[tuple[int, tuple[int, int, tuple[int, ...]]]]] = defaultdict(list)
     out_count: dict[tuple, int] = defaultdict(int)
     result: list[Transfer] = []
-    order = sorted(schedule.sends, key=lambda s: (s.epoch, nodes[links[s.link].src].is_gpu, s.link))
-    for s in order:
+    for s in _switch_order(schedule, arrivals):
         lk = links[s.link]
         key = (s.source, s.chunk)
         if nodes[lk.src].is_gpu:
@@ -76,6 +76,28 @@ def transfers(schedule: Schedule) -> list[Transfer]:
         else:
             arrivals[(key, lk.dst, t, s.reduce)].append((s.link, origin))
     return result
+
+
+def _switch_order(schedule: Schedule, arrivals: dict) -> Iterator:
+    """The schedule's sends in the order :func:`transfers` folds them: epoch by epoch, a switch's
+    sends before the GPUs' (a GPU's send reaches nothing in its own epoch), and among a switch's,
+    one only once what it forwards has reached the switch: cut-through hops between switches take
+    no epoch, so a chunk may cross several switches in one epoch, in path order, not link order.
+    ``arrivals`` is the live table :func:`transfers` fills as it goes."""
+    links, nodes = schedule.topology.links, schedule.topology.nodes
+    by_epoch: dict[int, list] = defaultdict(list)
+    for s in schedule.sends:
+        by_epoch[s.epoch].append(s)
+    for e in sorted(by_epoch):
+        sends = sorted(by_epoch[e], key=lambda s: s.link)
+        waiting = [s for s in sends if not nodes[links[s.link].src].is_gpu]
+        while waiting:
+            ready = [s for s in waiting if arrivals.get(((s.source, s.chunk), links[s.link].src, e, s.reduce))]
+            if not ready:  # nothing reaches these switches: the caller names the first
+                ready = waiting[:1]
+            yield from ready
+            waiting = [s for s in waiting if all(s is not r for r in ready)]
+        yield from (s for s in sends if nodes[links[s.link].src].is_gpu)
 
 
 def lower(schedule: Schedule, check: bool = True) -> Program:
