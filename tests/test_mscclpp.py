@@ -428,12 +428,14 @@ def test_executor_table_limits_are_reported():
 
 @settings(max_examples=25, deadline=None)
 @given(topo=topologies(max_gpus=4), coll=st.sampled_from(COLLS), proto=st.sampled_from(["Simple", "LL"]),
-       chunks=st.sampled_from([1, 2, 3]), budget=st.integers(1, 24), by_chunk=st.booleans(), stage_all=st.booleans())
-def test_any_spread_over_thread_blocks_verifies(topo, coll, proto, chunks, budget, by_chunk, stage_all):
+       chunks=st.sampled_from([1, 2, 3, 4]), budget=st.integers(0, 24), by_chunk=st.booleans(), stage_all=st.booleans(),
+       by_unit=st.booleans(), bundle_size=st.sampled_from([1, 2, 4]))
+def test_any_spread_over_thread_blocks_verifies(topo, coll, proto, chunks, budget, by_chunk, stage_all, by_unit, bundle_size):
     """However small the room per thread block, and whichever way the chunks are dealt out, the
     plan keeps to the rules, computes the collective with no race, and every chunk's steps stay in
-    one thread block (a thread block never waits for another on its own GPU)."""
-    from flowride.program.mscclpp_write import build_plan
+    one thread block (a thread block never waits for another on its own GPU); chunks tied into
+    bundles (renumbered, coarser pipeline) too."""
+    from flowride.program.mscclpp_write import build_plan, prepare
 
     if coll in ("allgather", "alltoall"):
         sched = _baseline(topo, coll, chunks)
@@ -441,7 +443,9 @@ def test_any_spread_over_thread_blocks_verifies(topo, coll, proto, chunks, budge
         rev = _baseline(topo.reversed(), "allgather", chunks)
         sched = (reduce_scatter_from_allgather(rev, topo) if coll == "reducescatter"
                  else allreduce_from_allgather(rev, _baseline(topo, "allgather", chunks), topo))
-    plan = build_plan(lower(sched), topo, proto, op_budget=budget, by_chunk=by_chunk, stage_all=stage_all)
+    prog = lower(sched)
+    plan = build_plan(prog, topo, proto, op_budget=budget, by_chunk=by_chunk, stage_all=stage_all, by_unit=by_unit,
+                      prepared=prepare(prog, bundle_size))
     assert check_rules(plan) == []
     ran = run_plan(plan)
     assert ran.problems == [] and not ran.unmodelled

@@ -133,9 +133,9 @@ class Places:
 
 
 def bundle(program: Program, keys: list[list[Key]], size: int) -> Bundles:
-    """Tie chunks ``c0 .. c0+size-1`` of each block (``c0`` a multiple of ``size``) into a bundle
-    where their steps are alike on every GPU (:class:`Bundles`); chunks where they are not stay
-    alone."""
+    """Tie up to ``size`` consecutive chunks of each block into a bundle where their steps are
+    alike on every GPU (:class:`Bundles`), greedily from the block's first chunk; chunks unlike
+    their neighbours stay alone. :func:`relabel` first puts the chunks that are alike side by side."""
     epochs = [[st.epoch for st in g.steps] for g in program.gpus]
     every = {k for ks in keys for k in ks}
     rep = {k: k for k in every}
@@ -143,27 +143,77 @@ def bundle(program: Program, keys: list[list[Key]], size: int) -> Bundles:
     sizes = dict.fromkeys(every, 1)
     if size <= 1:
         return Bundles(rep, member, sizes, epochs)
-    steps_of: list[dict[Key, list[int]]] = []
+    steps_of = _steps_of(keys)
+    C = program.chunks
+
+    def alike(group: list[Key]) -> bool:
+        return all(_alike(program.gpus[r].steps, [steps_of[r].get(k, []) for k in group]) for r in range(program.ngpus))
+
+    for k0 in sorted(every):
+        if rep[k0] != k0 or sizes[k0] > 1 or member[k0]:
+            continue
+        group = [k0]
+        while (len(group) < size and (k0[1] + len(group)) % C and (nxt := (k0[0], k0[1] + len(group))) in every
+               and alike(group + [nxt])):
+            group.append(nxt)
+        if len(group) < 2:
+            continue
+        for j, k in enumerate(group):
+            rep[k], member[k] = k0, j
+        sizes[k0] = len(group)
+        for r in range(program.ngpus):
+            seqs = [steps_of[r].get(k, []) for k in group]
+            for i in range(len(seqs[0])):
+                e = max(epochs[r][s[i]] for s in seqs)
+                for s in seqs:
+                    epochs[r][s[i]] = e
+    return Bundles(rep, member, sizes, epochs)
+
+
+def _steps_of(keys: list[list[Key]]) -> list[dict[Key, list[int]]]:
+    """Per rank, each key's step indices in program order."""
+    out: list[dict[Key, list[int]]] = []
     for ks in keys:
         d: dict[Key, list[int]] = defaultdict(list)
         for i, k in enumerate(ks):
             d[k].append(i)
-        steps_of.append(d)
-    for k0 in sorted(every):
-        if k0[1] % size or any((k0[0], k0[1] + j) not in every for j in range(size)):
-            continue
-        group = [(k0[0], k0[1] + j) for j in range(size)]
-        if all(_alike(program.gpus[r].steps, [steps_of[r].get(k, []) for k in group]) for r in range(program.ngpus)):
-            for j, k in enumerate(group):
-                rep[k], member[k] = k0, j
-            sizes[k0] = size
-            for r in range(program.ngpus):
-                seqs = [steps_of[r].get(k, []) for k in group]
-                for i in range(len(seqs[0])):
-                    e = max(epochs[r][s[i]] for s in seqs)
-                    for s in seqs:
-                        epochs[r][s[i]] = e
-    return Bundles(rep, member, sizes, epochs)
+        out.append(d)
+    return out
+
+
+def relabel(program: Program, keys: list[list[Key]]) -> Program:
+    """``program`` with each block's chunks renumbered so that chunks whose steps are alike (same
+    ops and peers on every GPU: the same tree or path) stand side by side, where a bundle can tie
+    them. A chunk's number only says which bytes of its block it is; renaming chunk c of a block to
+    c' in every input and output slot of every GPU leaves a program that computes the same
+    collective, with the same routes and epochs. A key (``k0``, ``k1``) is chunk ``k1 % C`` of
+    block (``k0``, ``k1 // C``), and every input or output slot it touches is at that chunk of
+    some block of the buffer (:func:`~flowride.program.model.buffer_layout`)."""
+    C = program.chunks
+    steps_of = _steps_of(keys)
+    every = sorted({k for ks in keys for k in ks})
+    shape = {k: tuple(tuple((program.gpus[r].steps[i].op, program.gpus[r].steps[i].peer) for i in steps_of[r].get(k, []))
+                      for r in range(program.ngpus)) for k in every}
+    new_chunk: dict[Key, int] = {}
+    by_block: dict[tuple[int, int], list[Key]] = defaultdict(list)
+    for k in every:
+        by_block[(k[0], k[1] // C)].append(k)
+    for ks in by_block.values():
+        for c, k in enumerate(sorted(ks, key=lambda k: (shape[k], k))):
+            new_chunk[k] = c
+
+    def moved(slot: Slot | None, k: Key) -> Slot | None:
+        if slot is None or slot[0] == "s":
+            return slot
+        if slot[1] % C != k[1] % C:
+            raise ValueError(f"{slot[0]}[{slot[1]}] is not chunk {k[1] % C} of a block: chunks cannot be renumbered")
+        return (slot[0], slot[1] - slot[1] % C + new_chunk[k])
+
+    gpus = []
+    for g, ks in zip(program.gpus, keys, strict=True):
+        gpus.append(replace(g, steps=[replace(st, src=moved(st.src, k), dst=moved(st.dst, k), deps=list(st.deps))
+                                      for st, k in zip(g.steps, ks, strict=True)]))
+    return replace(program, gpus=gpus)
 
 
 def _alike(steps: list, seqs: list[list[int]]) -> bool:

@@ -54,6 +54,7 @@ from flowride.program.mscclpp_spread import (
     Places,
     bundle,
     private_scratch,
+    relabel,
     spread,
     step_keys,
 )
@@ -92,6 +93,9 @@ class Prepared:
 def prepare(program: Program, bundle_size: int = 1, keys: list[list[Key]] | None = None) -> Prepared:
     validate_program(program)
     keys = keys if keys is not None else step_keys(program)
+    if bundle_size > 1:  # chunks that are alike side by side first, so that bundles can tie them
+        program = relabel(program, keys)
+        keys = step_keys(program)
     bundles = bundle(program, keys, bundle_size)
     return Prepared(keys, bundles, private_scratch(program, keys, bundles if bundle_size > 1 else None))
 
@@ -113,7 +117,8 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
     the ops each (rank, bundle) took alone in a thread block, which the spread then uses in place
     of its own pricing; ``measure``: a dict filled with the ops of each thread block holding one
     bundle, by (rank, bundle) (``op_budget=0`` gives every bundle a thread block of its own)."""
-    validate_program(program)
+    if prepared is None:
+        validate_program(program)
     _check_topology(program, topology)
     if proto not in ("Simple", "LL"):
         raise InputError("proto", f"{proto!r} is not an MSCCL++ protocol flowride writes", "use Simple or LL")
@@ -441,11 +446,13 @@ def _candidates(program: Program, topology: Topology, proto: str, name: str | No
                 max_bytes: int | None) -> Iterator[tuple[Plan, list[str], bool]]:
     """Plans of ``program`` in the order they are preferred, each with what it exceeds of the
     executor's tables and whether it ties chunks together (a coarser pipeline than the schedule's).
-    Each is the plan with the fewest thread blocks whose thread blocks keep to 64 ops for its way
-    of spreading: the spread prices a step before neighbouring steps share ops and assumes one wait
-    per receive, so the room it is given is searched, doubled while the ops still fit, then
-    bisected. The ways: keys dealt chunk first, then with every transfer landing in scratch, then
-    block first; then the same with 2, 4, 8, ... chunks of a block tied together."""
+    Every bundle is first written alone in a thread block, which measures its ops on each GPU; the
+    spread deals bundles by those measures into thread blocks of 64 ops, with less room where
+    bundles together take more ops than alone (epoch by epoch, a bundle's steps that would share
+    an op alone are apart). A way whose GPUs' measured totals exceed 104 thread blocks of 64 ops is
+    passed over unbuilt. The ways, in order: chunks dealt chunk first, then landing every transfer
+    in scratch, then block first, then bundle by bundle (with and without scratch); then bundle by
+    bundle with 2, 4, 8, ... chunks tied together (:func:`~flowride.program.mscclpp_spread.bundle`)."""
     from flowride.program.mscclpp_rules import check_limits
 
     validate_program(program)
@@ -457,33 +464,30 @@ def _candidates(program: Program, topology: Topology, proto: str, name: str | No
         over = check_limits(plan)
         return plan, over, not any(" ops, over " in o for o in over)
 
-    def blocks(plan: Plan) -> int:
-        return max((len(g.threadblocks) for g in plan.gpus), default=0)
+    measured: dict[tuple[int, bool], tuple[Plan, dict[tuple[int, Key], int], bool]] = {}
 
-    def search(prepared: Prepared, variant: dict) -> tuple[Plan, list[str], bool]:
-        alone: dict[tuple[int, Key], int] = {}
-        build_plan(program, topology, proto, name, min_bytes, max_bytes, op_budget=0, prepared=prepared, measure=alone, **variant)
+    def measure(size: int, prepared: Prepared, stage_all: bool) -> tuple[Plan, dict[tuple[int, Key], int], bool]:
+        """The plan with every bundle in a thread block of its own, the ops each took there, and
+        whether the GPUs' totals could fit the thread blocks allowed at all."""
+        if (size, stage_all) not in measured:
+            alone: dict[tuple[int, Key], int] = {}
+            apart = build_plan(program, topology, proto, name, min_bytes, max_bytes, op_budget=0, prepared=prepared,
+                               stage_all=stage_all, measure=alone)
+            per_rank: dict[int, int] = defaultdict(int)
+            for (r, _), ops in alone.items():
+                per_rank[r] += ops
+            measured[(size, stage_all)] = (apart, alone, max(per_rank.values(), default=0) <= MAX_THREADBLOCKS * MAX_OPERATION)
+        return measured[(size, stage_all)]
+
+    def search(size: int, prepared: Prepared, variant: dict) -> tuple[Plan, list[str], bool]:
+        apart, alone, possible = measure(size, prepared, variant.get("stage_all", False))
+        if not possible:  # more ops on some GPU than the thread blocks allowed can hold, however dealt
+            return apart, check_limits(apart), True
         variant = {**variant, "measured": alone}
         budget, best = MAX_OPERATION, build(MAX_OPERATION, prepared, variant)
-        while not best[2] and budget > MAX_OPERATION // 4:  # more waits than counted: give each thread block less room
+        while not best[2] and budget > MAX_OPERATION // 4:  # more ops together than alone: give each less room
             budget -= MAX_OPERATION // 8
             best = build(budget, prepared, variant)
-        if not best[2]:
-            return best
-        fits, fails = budget, None
-        while blocks(best[0]) > 1 and fits < 64 * MAX_OPERATION:  # double the room while the ops fit
-            trial = build(2 * fits, prepared, variant)
-            if not trial[2]:
-                fails = 2 * fits
-                break
-            best, fits = trial, 2 * fits
-        while fails is not None and fails - fits > MAX_OPERATION // 8:  # then halve the gap
-            mid = (fits + fails) // 2
-            trial = build(mid, prepared, variant)
-            if trial[2]:
-                best, fits = trial, mid
-            else:
-                fails = mid
         return best
 
     size = 1
@@ -493,7 +497,7 @@ def _candidates(program: Program, topology: Topology, proto: str, name: str | No
             ways = ({}, {"stage_all": True}, {"by_chunk": False}, {"by_unit": True}, {"by_unit": True, "stage_all": True})
             ways = ways if size == 1 else ({"by_unit": True}, {"by_unit": True, "stage_all": True})
             for variant in ways:
-                plan, over, _ = search(prepared, variant)
+                plan, over, _ = search(size, prepared, variant)
                 yield plan, over, size > 1
         size *= 2
 
