@@ -468,3 +468,20 @@ def test_private_scratch_gives_each_chunk_its_own_slots():
             for slot in (step.src, None if step.op == "s" else step.dst):
                 if slot is not None and slot[0] == "s":
                     assert holder.setdefault(slot, k) == k
+
+
+def test_ll_packets_fan_out_across_nodes_from_one_packing():
+    """A GPU that sends one chunk to many GPUs of the other chassis packs it once (cpkt) and sends
+    the packets over a port channel per peer in one op: one op per peer made a 32-GCD MI250
+    AllGather's first thread block 67 ops long, over the executor's 64."""
+    from flowride.api import synthesize
+    from flowride.program.mscclpp_rules import check_limits
+
+    topo = build_topology("mi250", chassis=2)
+    prog = lower(synthesize(topo, "allgather", 1024, "fast", 1, 30.0).schedule)
+    obj = to_mscclpp(prog, topo, proto="LL")
+    plan = parse_plan(obj)
+    assert check_limits(plan) == [] and judge(obj) == ([], [])
+    fans = [op for g in plan.gpus for tb in g.threadblocks for op in tb.ops
+            if op.name == "ppkt" and op.channel_type == "port" and len(op.channel_ids) > 1]
+    assert fans and all(len(op.dst) == len(op.channel_ids) <= 8 for op in fans)

@@ -161,13 +161,18 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
     pack: dict[int, Slot] = {}  # LL across nodes: the sender's own scratch slot holding the packets
     if ll:
         for r in range(n):
+            packed: dict[Slot, Slot] = {}  # sends of one slot share its packets (a fan packs once)
             for i, st in enumerate(steps[r]):
                 if st.op == "s" and ctype(r, st.peer) == "port":
-                    pack[st.tag] = ("s", places[r].take(keys[r][i], "pack"))
+                    if st.src not in packed:
+                        packed[st.src] = ("s", places[r].take(keys[r][i], "pack"))
+                    pack[st.tag] = packed[st.src]
     scratch = [pl.next for pl in places]
 
     def fans_on(r: int, x: Step, y: Step) -> bool:  # y can join x's fan: one chunk to or from one more peer
-        if x.op != y.op or x.op == "cpy" or x.peer == y.peer or ctype(r, x.peer) != "memory" or ctype(r, y.peer) != "memory":
+        if x.op != y.op or x.op == "cpy" or x.peer == y.peer or ctype(r, x.peer) != ctype(r, y.peer):
+            return False
+        if ctype(r, x.peer) == "port" and not (ll and x.op == "s"):  # across nodes only LL packets fan out
             return False
         if x.op == "s":
             return y.src == x.src
@@ -244,7 +249,7 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
                 return next_to(land[x.tag], land[y.tag]) and (x.tag not in pack or next_to(pack[x.tag], pack[y.tag]))
             return (x.tag in staged) == (y.tag in staged) and next_to(x.dst, y.dst) and (x.tag not in staged or next_to(land[x.tag], land[y.tag]))
         if (x.op == "cpy" or len(run) >= MAX_CHANNEL_PER_OPERATION or (len(run) > 1 and not fan(r, run))
-                or y.peer in {steps[r][j].peer for j in run} or ctype(r, y.peer) != "memory" or ctype(r, first.peer) != "memory"):
+                or y.peer in {steps[r][j].peer for j in run} or ctype(r, y.peer) != ctype(r, first.peer)):
             return False
         return fans_on(r, x, y) and (x.op != "s" or y.src == first.src)
 
@@ -305,14 +310,17 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
                     tb.waited[p] += 1
             return out
 
-        def fan_ops(t: int, run: list[Step], tb: _Tb) -> list[Op]:  # one chunk to or from several peers (memory channels)
+        def fan_ops(t: int, run: list[Step], tb: _Tb) -> list[Op]:  # one chunk to or from several peers
             st = run[0]
-            ch = [tb.channel("memory", gpu_ch[("memory", (t, x.peer))]) for x in run]
+            ct = ctype(r, st.peer)
+            ch = [tb.channel(ct, gpu_ch[(ct, (t, x.peer))]) for x in run]
             if st.op == "s":
-                remotes = [BufRef(land[x.tag][1], 1, None, remote_buffer(tb, "memory", x.peer, land[x.tag][0])) for x in run]
+                remotes = [BufRef(land[x.tag][1], 1, None, remote_buffer(tb, ct, x.peer, land[x.tag][0])) for x in run]
+                if ll and ct == "port":  # pack once, then the packets to every peer
+                    return [Op("cpkt", [_local(st.src)], [_local(pack[st.tag])]), Op("ppkt", [_local(pack[st.tag])], remotes, ct, ch)]
                 if ll:
-                    return [Op("ppkt", [_local(st.src)], remotes, "memory", ch)]
-                return [Op("put", [_local(st.src)], remotes, "memory", ch), Op("signal", [], [], "memory", ch)]
+                    return [Op("ppkt", [_local(st.src)], remotes, ct, ch)]
+                return [Op("put", [_local(st.src)], remotes, ct, ch), Op("signal", [], [], ct, ch)]
             out = [] if ll else waits(tb, t, run)
             if st.op == "rrc":
                 out.append(Op("repkt" if ll else "re", [_local(st.src)] + [_local(land[x.tag]) for x in run], [_local(run[-1].dst)],
