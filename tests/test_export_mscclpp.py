@@ -63,17 +63,19 @@ def test_export_refusals_are_one_line(tmp_path):
 
 def test_a_plan_over_the_executors_limits_is_refused_not_written(tmp_path, monkeypatch, capsys):
     """A plan that no spread fits into the thread blocks allowed is refused in one line naming the
-    limit and the fix, and nothing is written. (Every schedule synthesized for the issue's
-    topologies now fits 104 thread blocks, so the limit is lowered to 2 here to reach the refusal.)"""
+    limit and the fix, and nothing is written. (Schedules synthesized for the issue's topologies
+    now fit the executor's tables, so the tables are shrunk here, to one thread block of 8 ops, to
+    reach the refusal.)"""
     import flowride.program.mscclpp_rules as rules
 
     sched = tmp_path / "s.json"
     assert main(["synth", "-t", "ring", "--n", "8", "-c", "allgather", "-s", "1MB", "--chunks", "16", "-o", str(sched)]) == 0
-    monkeypatch.setattr(rules, "MAX_THREADBLOCKS", 2)
+    monkeypatch.setattr(rules, "MAX_THREADBLOCKS", 1)
+    monkeypatch.setattr(rules, "MAX_OPERATION", 8)
     capsys.readouterr()
     assert main(["export", str(sched), "--mscclpp", str(tmp_path / "p")]) == 2
     err = capsys.readouterr().err
-    assert "--mscclpp" in err and "thread blocks, over the 2 that can all be resident" in err and "--chunks" in err, err
+    assert "--mscclpp" in err and "over the 1 that can all be resident" in err and "--chunks" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert not list((tmp_path / "p").glob("*.json")) if (tmp_path / "p").exists() else True
 

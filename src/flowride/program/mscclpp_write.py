@@ -172,7 +172,7 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
     def fans_on(r: int, x: Step, y: Step) -> bool:  # y can join x's fan: one chunk to or from one more peer
         if x.op != y.op or x.op == "cpy" or x.peer == y.peer or ctype(r, x.peer) != ctype(r, y.peer):
             return False
-        if ctype(r, x.peer) == "port" and not (ll and x.op == "s"):  # across nodes only LL packets fan out
+        if ctype(r, x.peer) == "port" and x.op == "s" and not ll:  # a Simple send across nodes is a pwsf per peer
             return False
         if x.op == "s":
             return y.src == x.src
@@ -195,6 +195,13 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
                 before[r][i] = j
             last[keys[r][i]] = i
 
+    nth: list[list[int]] = []  # rank -> step -> its place among its chunk's steps on the rank (alike across a bundle)
+    for r in range(n):
+        seen: dict[Key, int] = defaultdict(int)
+        nth.append([])
+        for k in keys[r]:
+            nth[r].append(seen[k])
+            seen[k] += 1
     first_step = {}  # (rank, bundle) -> its first step on the rank: where a measured cost is put
     for r in range(n):
         for i in range(len(steps[r])):
@@ -260,7 +267,7 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
     for r in range(n):
         per_tb: dict[int, list[list[int]]] = {}
         for i in sorted(range(len(steps[r])), key=lambda i: (0 if by_unit else bundles.epoch[r][i], order(bundles.rep[keys[r][i]]),
-                                                              bundles.epoch[r][i], bundles.member[keys[r][i]], i)):
+                                                              bundles.epoch[r][i], nth[r][i], bundles.member[keys[r][i]], i)):
             runs = per_tb.setdefault(tb_of[r][i], [])
             if runs and joins(r, runs[-1], i):
                 runs[-1].append(i)
