@@ -108,16 +108,20 @@ def test_writer_refuses_bad_arguments():
         to_mscclpp(prog, topo, min_bytes=10, max_bytes=5, within_limits=False)
 
 
+def _any_schedule(topo, coll: str, chunks: int):
+    """A verified schedule of ``coll`` on ``topo``: the baseline trees, reductions derived from them."""
+    if coll in ("allgather", "alltoall"):
+        return _baseline(topo, coll, chunks)
+    rev = _baseline(topo.reversed(), "allgather", chunks)
+    return (reduce_scatter_from_allgather(rev, topo) if coll == "reducescatter"
+            else allreduce_from_allgather(rev, _baseline(topo, "allgather", chunks), topo))
+
+
 @settings(max_examples=20, deadline=None)
 @given(topo=topologies(max_gpus=4), coll=st.sampled_from(COLLS), proto=st.sampled_from(["Simple", "LL"]),
        chunks=st.sampled_from([1, 2]))
 def test_random_topologies_give_plans_that_verify(topo, coll, proto, chunks):
-    if coll in ("allgather", "alltoall"):
-        sched = _baseline(topo, coll, chunks)
-    else:
-        rev = _baseline(topo.reversed(), "allgather", chunks)
-        sched = (reduce_scatter_from_allgather(rev, topo) if coll == "reducescatter"
-                 else allreduce_from_allgather(rev, _baseline(topo, "allgather", chunks), topo))
+    sched = _any_schedule(topo, coll, chunks)
     obj = to_mscclpp(lower(sched), topo, proto=proto, within_limits=False)
     assert judge(obj) == ([], [])
     assert check_program(from_mscclpp_json(obj)) == []  # and back into flowride's IR
@@ -437,12 +441,7 @@ def test_any_spread_over_thread_blocks_verifies(topo, coll, proto, chunks, budge
     bundles (renumbered, coarser pipeline) too."""
     from flowride.program.mscclpp_write import build_plan, prepare
 
-    if coll in ("allgather", "alltoall"):
-        sched = _baseline(topo, coll, chunks)
-    else:
-        rev = _baseline(topo.reversed(), "allgather", chunks)
-        sched = (reduce_scatter_from_allgather(rev, topo) if coll == "reducescatter"
-                 else allreduce_from_allgather(rev, _baseline(topo, "allgather", chunks), topo))
+    sched = _any_schedule(topo, coll, chunks)
     prog = lower(sched)
     plan = build_plan(prog, topo, proto, op_budget=budget, by_chunk=by_chunk, stage_all=stage_all, by_unit=by_unit,
                       prepared=prepare(prog, bundle_size))
