@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -234,25 +234,19 @@ def _alike(steps: list, seqs: list[list[int]]) -> bool:
 
 
 @dataclass
-class Spread:
-    """Where each step runs: ``tb[rank][step]``, a thread block index shared by all GPUs (a key's
-    steps run in the same thread block on every GPU; a GPU may have none of a thread block's keys)."""
-
-    tb: list[list[int]]
-    count: int
-
-
-@dataclass
 class _Fill:
-    ops: dict[int, int]
-    peers: dict[tuple[int, str], set[int]]
-    bufs: dict[tuple[int, str], set[tuple[int, str]]]
+    """A thread block's peers and remote buffers so far, per (rank, channel type)."""
+
+    peers: dict[tuple[int, str], set[int]] = field(default_factory=lambda: defaultdict(set))
+    bufs: dict[tuple[int, str], set[tuple[int, str]]] = field(default_factory=lambda: defaultdict(set))
 
 
 def spread(keys: list[list[Key]], cost: Callable[[int, int], int], peer: Callable[[int, int], tuple[str, int] | None],
            rbuf: Callable[[int, int], tuple[str, int, str] | None], op_budget: int, max_channels: int,
-           order: Callable[[Key], tuple] = lambda k: k) -> Spread:
-    """Deal the keys out to thread blocks (module docstring). ``cost(rank, step)``: the ops the
+           order: Callable[[Key], tuple] = lambda k: k) -> list[list[int]]:
+    """Deal the keys out to thread blocks (module docstring): the thread block of every step,
+    ``[rank][step]``, an index shared by all GPUs (a GPU may have none of a thread block's keys).
+    ``cost(rank, step)``: the ops the
     step may take at most; ``peer(rank, step)``: the (channel type, peer) it talks over, or None;
     ``rbuf(rank, step)``: the (channel type, peer, buffer) it writes remotely, or None; ``order``:
     the order keys are dealt in, each to the first thread block it fits (first fit: thread blocks
@@ -264,32 +258,30 @@ def spread(keys: list[list[Key]], cost: Callable[[int, int], int], peer: Callabl
     n = len(keys)
     tb = [[0] * len(ks) for ks in keys]
     fills: list[_Fill] = []
-    load = np.zeros((0, n), dtype=np.int64)  # thread block x rank: the ops dealt so far
+    load = np.zeros((16, n), dtype=np.int64)  # thread block x rank: the ops dealt so far (rows grown by doubling)
 
     def fits(add: _Fill, into: _Fill) -> bool:
         return (all(len(into.peers[rt] | ps) <= max_channels for rt, ps in add.peers.items())
                 and all(len(into.bufs[rt] | bs) <= max_channels for rt, bs in add.bufs.items()))
 
     for k in sorted(per_key, key=order):
-        add = _Fill(defaultdict(int), defaultdict(set), defaultdict(set))
+        add, need = _Fill(), np.zeros(n, dtype=np.int64)
         for r, i in per_key[k]:
-            add.ops[r] += cost(r, i)
+            need[r] += cost(r, i)
             if (p := peer(r, i)) is not None:
                 add.peers[(r, p[0])].add(p[1])
             if (b := rbuf(r, i)) is not None:
                 add.bufs[(r, b[0])].add((b[1], b[2]))
-        need = np.zeros(n, dtype=np.int64)
-        for r, c in add.ops.items():
-            need[r] = c
         # first fit: the first thread block with room on every GPU and channels to spare; a key
         # that alone exceeds the room gets a thread block of its own (the plan's limits, checked
         # afterwards, say whether it fits)
-        room = np.nonzero((load + need <= op_budget).all(axis=1))[0] if len(fills) else []
+        room = np.nonzero((load[:len(fills)] + need <= op_budget).all(axis=1))[0]
         t = next((int(t) for t in room if fits(add, fills[t])), None)
         if t is None:
             t = len(fills)
-            fills.append(_Fill(defaultdict(int), defaultdict(set), defaultdict(set)))
-            load = np.vstack([load, np.zeros((1, n), dtype=np.int64)])
+            fills.append(_Fill())
+            if t == len(load):
+                load = np.vstack([load, np.zeros_like(load)])
         load[t] += need
         for rt, ps in add.peers.items():
             fills[t].peers[rt] |= ps
@@ -297,4 +289,4 @@ def spread(keys: list[list[Key]], cost: Callable[[int, int], int], peer: Callabl
             fills[t].bufs[rt] |= bs
         for r, i in per_key[k]:
             tb[r][i] = t
-    return Spread(tb, max(1, len(fills)))
+    return tb

@@ -129,14 +129,11 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
     n, ll = program.ngpus, proto == "LL"
     steps = [g.steps for g in program.gpus]
 
-    def ctype(a: int, b: int) -> str:
-        return _channel_type(topology, program, a, b)
+    kinds = [[_channel_type(topology, program, a, b) for b in range(n)] for a in range(n)]
 
-    recv_of: dict[int, tuple[int, int]] = {}
-    for r in range(n):
-        for i, st in enumerate(steps[r]):
-            if st.op in ("r", "rrc"):
-                recv_of[st.tag] = (r, i)
+    def ctype(a: int, b: int) -> str:
+        return kinds[a][b]
+
     scratch = [g.s_chunks for g in program.gpus]
     land: dict[int, Slot] = {}  # tag -> the receiver's slot the sender writes
     staged: set[int] = set()
@@ -185,16 +182,6 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
     # bundle. Chunks are independent and every GPU keeps the same order, so a receive never waits
     # for a send that comes later in it.
     order = (lambda k: (k[1], k[0])) if by_chunk else (lambda k: k)
-    before: list[dict[int, int]] = []  # rank -> {step: the step of its chunk just before it in the same epoch}
-    for r in range(n):
-        last: dict[Key, int] = {}
-        before.append({})
-        for i in range(len(steps[r])):
-            j = last.get(keys[r][i])
-            if j is not None and bundles.epoch[r][j] == bundles.epoch[r][i]:
-                before[r][i] = j
-            last[keys[r][i]] = i
-
     nth: list[list[int]] = []  # rank -> step -> its place among its chunk's steps on the rank (alike across a bundle)
     for r in range(n):
         seen: dict[Key, int] = defaultdict(int)
@@ -207,14 +194,12 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
         for i in range(len(steps[r])):
             first_step.setdefault((r, bundles.rep[keys[r][i]]), i)
 
-    def cost(r: int, i: int) -> int:  # the ops a step takes, nops included, one wait assumed
+    def cost(r: int, i: int) -> int:  # the ops a step takes alone, nops included, one wait assumed (before runs and fans)
         st = steps[r][i]
         if measured is not None:
             unit = (r, bundles.rep[keys[r][i]])
             return measured.get(unit, 0) if first_step[unit] == i else 0
         if bundles.member[keys[r][i]]:  # shares the op of its bundle's first chunk
-            return 0
-        if i in before[r] and st.op != "r" and fans_on(r, steps[r][before[r][i]], st):  # joins its chunk's fan
             return 0
         if st.op == "cpy":
             return 2
@@ -231,8 +216,7 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
         st = steps[r][i]
         return (ctype(r, st.peer), st.peer, land[st.tag][0]) if st.op == "s" else None
 
-    where = spread([[bundles.rep[k] for k in ks] for ks in keys], cost, peer, rbuf, op_budget, MAX_CHANNEL, order=order)
-    tb_of = where.tb
+    tb_of = spread([[bundles.rep[k] for k in ks] for ks in keys], cost, peer, rbuf, op_budget, MAX_CHANNEL, order=order)
 
     def next_to(a: Slot | None, b: Slot | None) -> bool:
         return a is not None and b is not None and a[0] == b[0] and a[1] + 1 == b[1]
@@ -242,8 +226,8 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
 
     def joins(r: int, run: list[int], i: int) -> bool:
         """Whether step i of rank r shares the op of ``run``, the steps just before it in their
-        thread block: the next chunks of contiguous slots to the same peer, or (a fan) the same
-        chunk to or from one more peer over a memory channel (one op, a channel each)."""
+        thread block: the next chunks of contiguous slots to the same peer, or (a fan,
+        :func:`fans_on`) the same chunk to or from one more peer (one op, a channel each)."""
         x, y, first = steps[r][run[-1]], steps[r][i], steps[r][run[0]]
         if x.op != y.op:
             return False
@@ -369,7 +353,7 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
                     tb.ops.append(Op("repkt" if ll else "re", [_local(st.src, k), stage], [_local(st.dst, k)], extra={"reduce_op": "sum"}))
                 else:
                     tb.ops.append(Op("upkt" if ll else "copy", [stage], [_local(st.dst, k)]))
-            blocks.append(Threadblock(len(blocks), _with_nops(tb.ops), [(ct, ids) for ct, ids in tb.channels.items()],
+            blocks.append(Threadblock(len(blocks), _with_nops(tb.ops), [(ct, list(ids)) for ct, ids in tb.channels.items()],
                                       [(ct, list(ids)) for ct, ids in tb.buffers.items()]))
             if measure is not None and len(units := {bundles.rep[keys[r][i]] for run in runs for i in run}) == 1:
                 measure[(r, units.pop())] = len(blocks[-1].ops)
@@ -386,21 +370,17 @@ class _Tb:
     per channel type, in the order its ops first use them (an op names them by that place)."""
 
     ops: list[Op] = field(default_factory=list)
-    channels: dict[str, list[int]] = field(default_factory=dict)
-    buffers: dict[str, list[int]] = field(default_factory=dict)
+    channels: dict[str, dict[int, int]] = field(default_factory=dict)  # type -> {GPU channel: its place}
+    buffers: dict[str, dict[int, int]] = field(default_factory=dict)  # type -> {GPU remote buffer: its place}
     waited: dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
     def channel(self, ctype: str, gpu_channel: int) -> int:
-        ids = self.channels.setdefault(ctype, [])
-        if gpu_channel not in ids:
-            ids.append(gpu_channel)
-        return ids.index(gpu_channel)
+        ids = self.channels.setdefault(ctype, {})
+        return ids.setdefault(gpu_channel, len(ids))
 
     def buffer(self, ctype: str, gpu_buffer: int) -> int:
-        ids = self.buffers.setdefault(ctype, [])
-        if gpu_buffer not in ids:
-            ids.append(gpu_buffer)
-        return ids.index(gpu_buffer)
+        ids = self.buffers.setdefault(ctype, {})
+        return ids.setdefault(gpu_buffer, len(ids))
 
 
 def _with_nops(ops: list[Op]) -> list[Op]:
