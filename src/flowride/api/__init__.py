@@ -8,7 +8,8 @@ The floor holds one module per step: :mod:`.single` (one chunk count of an AllGa
 AlltoAll: model, incumbents, method, verify, measure), :mod:`.reduction` (ReduceScatter and
 AllReduce from AllGathers run backwards), :mod:`.auto` (``--chunks auto``: the chunk count
 searched within the time limit, NCCL's algorithms as candidates), :mod:`.ladder` (schedules made
-at other epochs or sizes, retimed), :mod:`.outcome` (the result and its report), :mod:`.clock`.
+at other epochs or sizes, retimed), :mod:`.subgraphs` (the faster links' subgraphs as candidates),
+:mod:`.outcome` (the result and its report), :mod:`.clock`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from flowride.api.ladder import WARM_TAG, Retimed, ladder_factors, retimed
 from flowride.api.outcome import SynthOutcome, switch_model
 from flowride.api.reduction import symmetric, synthesize_reduction
 from flowride.api.single import level, synthesize_one
+from flowride.api.subgraphs import best_with_subgraphs, fast_subgraphs
 from flowride.collectives.demand import Collective, make_demand
 from flowride.errors import InputError
 from flowride.schedule.ir import Schedule
@@ -77,11 +79,15 @@ def synthesize(
 
 
 def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: int, chunks: int | str, opts: SynthOptions,
-                    progress: Progress | None = None, warm: tuple[Schedule, ...] = (), nccl: bool = True) -> SynthOutcome:
+                    progress: Progress | None = None, warm: tuple[Schedule, ...] = (), nccl: bool = True,
+                    subgraphs: bool = True) -> SynthOutcome:
     """:func:`synthesize` with its options as one :class:`SynthOptions`. ``warm``: schedules of the
     same collective on ``topo`` at other sizes (:func:`flowride.sweep.synthesize_sweep`), retimed to
-    this one and offered as incumbents (AllGather, AlltoAll)."""
+    this one and offered as incumbents (AllGather, AlltoAll). ``subgraphs``: where dropping the
+    slowest links shortens the epoch, synthesize on the faster subgraphs too and keep the best
+    (:mod:`flowride.api.subgraphs`: more links never give a slower schedule)."""
     opts.check()
+    given = opts
     auto = chunks == "auto"
     default_budget = auto and opts.time_limit is None and not topo.teccl_compat
     if default_budget:
@@ -95,6 +101,8 @@ def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: in
     model = None
     first = make_demand(topo, coll, demand.size_bytes, demand.chunks)
     check_work(topo, first, epoch_timing(topo, first.chunk_bytes, opts.epoch), opts.time_limit)  # refuse before any work
+    if subgraphs and not topo.teccl_compat and fast_subgraphs(topo, first.chunk_bytes, opts.epoch):
+        return _with_subgraphs(topo, collective, size_bytes, chunks, given, progress, warm, nccl, first.chunk_bytes)
     if nccl and not topo.teccl_compat:
         model = model_nccl(topo, coll, demand.size_bytes, clock.share(NCCL_SHARE))
         if progress:
@@ -110,6 +118,31 @@ def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: in
         out = synthesize_one(topo, demand, opts, clock, progress, warm)
     out.nccl = model
     out.chunks_requested = 1 if auto else chunks
+    out.wall_seconds = clock.elapsed()
+    return out
+
+
+def _with_subgraphs(topo: Topology, collective: Collective | str, size_bytes: int, chunks: int | str, opts: SynthOptions,
+                    progress: Progress | None, warm: tuple[Schedule, ...], nccl: bool, chunk_bytes: float) -> SynthOutcome:
+    """The synthesis on the faster subgraphs (a share of the time each) and on the whole topology
+    (the rest; with ``--chunks auto`` and no limit, its own default budget), the best kept."""
+    clock = Clock(opts.time_limit)
+    limit = opts.time_limit if opts.time_limit is not None or chunks != "auto" else AUTO_DEFAULT_SECONDS
+
+    def run(t: Topology, seconds: float | None, whole: bool) -> SynthOutcome:
+        if whole:
+            o = opts if opts.time_limit is None else replace(opts, time_limit=seconds)
+            return synthesize_with(t, collective, size_bytes, chunks, o, progress, warm, nccl, subgraphs=False)
+        if progress:
+            progress({"stage": "subgraph", "links": len(t.links), "of": len(topo.links)})
+
+        def quiet(ev: dict) -> None:  # the subgraph's own "done" would end the live line early
+            if progress and ev.get("stage") != "done":
+                progress(ev)
+
+        return synthesize_with(t, collective, size_bytes, chunks, replace(opts, time_limit=seconds), quiet, (), False, subgraphs=False)
+
+    out = best_with_subgraphs(topo, chunk_bytes, opts.epoch, limit, run, clock.elapsed)
     out.wall_seconds = clock.elapsed()
     return out
 

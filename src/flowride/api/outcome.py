@@ -73,6 +73,7 @@ class SynthOutcome:
             "verified": self.sim.valid,
             "method": self.schedule.meta.get("method"),
             "method_requested": self.schedule.meta.get("method_requested"),
+            "subgraph": self.schedule.meta.get("subgraph"),  # the faster links' subgraph it was made on (api.subgraphs), or None
             "objective": self.schedule.meta.get("objective", "makespan"),
             "chunk_search": self.chunk_search,
             "peak_rss_mb": _peak_rss_mb(),
