@@ -154,10 +154,10 @@ def _retry_cut_short(best: SynthOutcome, swept: list[SynthOutcome], one, fast: s
                      progress: Progress | None, default_budget: bool) -> SynthOutcome:
     """Counts of the sweep whose construction ran out of its share, run again with more time: what
     is left, at most :data:`RETRY_CAP` times what it had (best finish first; one that would get
-    under :data:`RETRY_FACTOR` times what it had is skipped). The sweep's shares are fractions of the limit, so without this a longer limit could
-    end with a count cut short that a shorter one had finished early (an AlltoAll's LP route at 16
-    chunks on a DGX-1: 21.25 us in its 1 s share, 14.38 us in 4.6 s), and the time after the sweep
-    went unused where no search follows (AlltoAll)."""
+    under :data:`RETRY_FACTOR` times what it had is skipped). The sweep's shares are fractions of
+    the limit, so without this a longer limit could end on a count cut short that a shorter one had
+    finished (an AlltoAll's LP route at 16 chunks on the DGX-1 NVLinks: 21.25 us in its 1 s share,
+    14.38 us in 3.6 s), and where no search follows (AlltoAll) the time after the sweep went unused."""
     end = clock.limit if not default_budget or clock.limit is None else min(clock.limit, max(SEARCH_FLOOR, SEARCH_FACTOR * clock.elapsed()))
     for o in sorted((o for o in swept if o.search.timed_out), key=lambda o: o.finish_time_s):
         if end is None or _at_bound(best):
