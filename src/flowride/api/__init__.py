@@ -101,8 +101,9 @@ def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: in
     model = None
     first = make_demand(topo, coll, demand.size_bytes, demand.chunks)
     check_work(topo, first, epoch_timing(topo, first.chunk_bytes, opts.epoch), opts.time_limit)  # refuse before any work
-    if subgraphs and not topo.teccl_compat and fast_subgraphs(topo, first.chunk_bytes, opts.epoch):
-        return _with_subgraphs(topo, collective, size_bytes, chunks, given, progress, warm, nccl, first.chunk_bytes)
+    subs = fast_subgraphs(topo, first.chunk_bytes, opts.epoch) if subgraphs else []
+    if subs:
+        return _with_subgraphs(topo, subs, collective, size_bytes, chunks, given, progress, warm, nccl)
     if nccl and not topo.teccl_compat:
         model = model_nccl(topo, coll, demand.size_bytes, clock.share(NCCL_SHARE))
         if progress:
@@ -122,8 +123,8 @@ def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: in
     return out
 
 
-def _with_subgraphs(topo: Topology, collective: Collective | str, size_bytes: int, chunks: int | str, opts: SynthOptions,
-                    progress: Progress | None, warm: tuple[Schedule, ...], nccl: bool, chunk_bytes: float) -> SynthOutcome:
+def _with_subgraphs(topo: Topology, subs: list[Topology], collective: Collective | str, size_bytes: int, chunks: int | str,
+                    opts: SynthOptions, progress: Progress | None, warm: tuple[Schedule, ...], nccl: bool) -> SynthOutcome:
     """The synthesis on the faster subgraphs (a share of the time each) and on the whole topology
     (the rest; with ``--chunks auto`` and no limit, its own default budget), the best kept."""
     clock = Clock(opts.time_limit)
@@ -142,7 +143,7 @@ def _with_subgraphs(topo: Topology, collective: Collective | str, size_bytes: in
 
         return synthesize_with(t, collective, size_bytes, chunks, replace(opts, time_limit=seconds), quiet, (), False, subgraphs=False)
 
-    out = best_with_subgraphs(topo, chunk_bytes, opts.epoch, limit, run, clock.elapsed)
+    out = best_with_subgraphs(topo, subs, limit, run, clock.elapsed)
     out.wall_seconds = clock.elapsed()
     return out
 

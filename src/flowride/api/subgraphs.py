@@ -56,12 +56,12 @@ def fast_subgraphs(topo: Topology, chunk_bytes: float, epoch: str | float) -> li
     return out
 
 
-def best_with_subgraphs(topo: Topology, chunk_bytes: float, epoch: str | float, time_limit: float | None,
+def best_with_subgraphs(topo: Topology, subs: list[Topology], time_limit: float | None,
                         run: Callable[[Topology, float | None, bool], SynthOutcome],
                         elapsed: Callable[[], float]) -> SynthOutcome:
-    """``run(topology, time_limit, whole)`` on each faster subgraph (each a share of the time) and then
-    on the whole topology (what is left), keeping the schedule that finishes first on the whole."""
-    subs = fast_subgraphs(topo, chunk_bytes, epoch)
+    """``run(topology, time_limit, whole)`` on each of ``subs`` (:func:`fast_subgraphs`; each a share
+    of the time) and then on the whole topology (what is left), keeping the schedule that finishes
+    first on the whole."""
     found: list[SynthOutcome] = []
     pool_end = None if time_limit is None else elapsed() + time_limit * SUBGRAPH_SHARE
     for i, sub in enumerate(subs):  # each takes an equal part of what the earlier ones left of the pool
