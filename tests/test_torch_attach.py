@@ -46,11 +46,18 @@ def test_attach_leaves_training_bit_identical(tmp_path, name):
         assert len(r["types"]) == len(r["implied"])
         if name in UNIT_COST_LIKE and max(r["implied"]) > 0:
             # the rank's main bubble (the longest idle its actions imply: the fill on the last rank,
-            # the wait for the first gradient on the first) is a measured bubble at run time, at
-            # least half a compute action long. The smaller implied gaps (one unit of the drain)
-            # can be absorbed by real costs on CPU; that is why lengths are measured, not planned.
+            # the wait for the first gradient on the first) is a measured bubble at run time. The
+            # last rank's fill is structural (nothing reaches it before the first rank's first
+            # forward), so it is at least half a compute action long however loaded the runner is.
+            # The first rank's wait is a race between the two ranks: under a CPU hog on the 2-core
+            # runner interleaved 1F1B's came out at 0.27 of an action, so only its presence is
+            # held. The smaller implied gaps (one unit of the drain) can be absorbed by real costs
+            # on CPU; that is why lengths are measured, not planned.
             top = max(range(len(r["implied"])), key=lambda i: r["implied"][i])
-            assert s["lengths"][f"{top}#0"] >= 0.5 * r["compute_median_s"], (name, r["rank"], top)
+            measured = s["lengths"][f"{top}#0"]
+            assert measured > 0, (name, r["rank"], top)
+            if r["plain"]:
+                assert measured >= 0.5 * r["compute_median_s"], (name, r["rank"], top)
     owner = next(r for r in ranks if r["manager_steps"] is not None)
     if name in ("gpipe", "1f1b"):
         assert owner["manager_steps"] > 0  # the side task really ran in the bubbles
