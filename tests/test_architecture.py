@@ -34,8 +34,10 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline": set(),
     "harvest": {"pipeline"},
     "sidetasks": {"harvest"},
-    "plan": {"topology", "collectives", "schedule", "synth", "api", "pipeline", "harvest"},
-    "cli": {"topology", "collectives", "schedule", "synth", "program", "comm", "api", "sweep", "pipeline", "harvest", "sidetasks", "plan"},
+    "concurrent": {"topology", "collectives", "schedule", "synth", "api"},
+    "plan": {"topology", "collectives", "schedule", "synth", "api", "concurrent", "pipeline", "harvest"},
+    "cli": {"topology", "collectives", "schedule", "synth", "program", "comm", "api", "sweep", "concurrent", "pipeline", "harvest",
+            "sidetasks", "plan"},
     "__main__": {"cli"},
 }
 MAX_LINES = 560  # "no module over ~550 lines"

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # a usage error (already printed) or --help: a code, for callers of main() too
         return e.code if isinstance(e.code, int) else 2
-    if getattr(args, "chunks", 0) is None:  # pipeline commands: multi-stage schedules hold 2 chunks by default
+    if getattr(args, "chunks", 0) is None and hasattr(args, "schedule"):  # pipeline commands: multi-stage schedules hold 2 chunks by default
         from flowride.pipeline.config import default_chunks
 
         args.chunks = default_chunks(args.schedule)

@@ -31,7 +31,7 @@ def sweep_args(p: argparse.ArgumentParser, what: str, synth: bool = False) -> No
     g.add_argument("--sizes", help=f"the sweep in one option: 8B:1GB:x2, 1KB:64KB:+1KB or 1KB,4KB,16KB (at most {MAX_SWEEP_SIZES} sizes)")
     g.add_argument("--json", action="store_true", help="print one JSON object per size (the table's fields) instead of the table")
     if synth:
-        g.add_argument("--out-dir", type=out_dir, help="sweep: write each size's schedule JSON here")
+        g.add_argument("--out-dir", type=out_dir, help="sweep: write each size's schedule JSON here (--concurrent: each collective's)")
         g.add_argument("--no-warm-start", action="store_true", help="sweep: synthesize every size from scratch (default: each size "
                        "starts from the previous size's schedule, retimed)")
 

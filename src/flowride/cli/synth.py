@@ -145,8 +145,14 @@ def cmd_synth(a: argparse.Namespace) -> int:
     from flowride.api import synthesize
     from flowride.synth.options import parse_speedups
 
-    topo = load_topology(a)
     epoch = _epoch(a.epoch)
+    if a.concurrent is not None:
+        from flowride.cli.concurrent import cmd_concurrent
+
+        return cmd_concurrent(a, epoch)
+    a.collective = a.collective or "allgather"
+    a.chunks = a.chunks or "auto"
+    topo = load_topology(a)
     with as_options(speedups="--speedups"):
         speedups = parse_speedups(a.speedups)
     sizes = sweep_of(a)  # --sizes or -b/-e/-f: one synthesis per size (cli/sweep.py)
@@ -269,10 +275,10 @@ def add_synth(sub) -> None:
     """``flowride synth``."""
     s = sub.add_parser("synth", help="synthesize a verified collective schedule")
     topology_args(s)
-    s.add_argument("--collective", "-c", default="allgather", help="allgather, alltoall, reducescatter or allreduce")
+    s.add_argument("--collective", "-c", help="allgather (default), alltoall, reducescatter or allreduce")
     s.add_argument("--size", "-s", help="buffer per GPU (AllGather output, ReduceScatter input), e.g. 16MB, 1GiB (or a sweep: see below)")
     s.add_argument("--epoch", default="fast", help="epoch length: fast, slow or seconds")
-    s.add_argument("--chunks", type=_chunks, default="auto",
+    s.add_argument("--chunks", type=_chunks,
                    help="chunks per source block: auto (default: counts searched within --time-limit, 60 s without one, "
                         "the best kept) or a count")
     s.add_argument("--time-limit", type=SECONDS, help="seconds for the whole search; the best schedule so far is returned")
@@ -287,6 +293,9 @@ def add_synth(sub) -> None:
                         "(the published TE-CCL objective: one LP rewarding delivery at epoch t by 1/(t+1))")
     s.add_argument("--out", "-o", type=out_file, help="write the schedule JSON here")
     s.add_argument("--report", type=out_file, help="write the report JSON here")
+    s.add_argument("--concurrent", metavar="SPEC",
+                   help="several collectives at once on shared links, scheduled jointly: a JSON list (inline or a file) of "
+                        '{"name", "collective", "ranks", "size", "start_us"}; --out-dir writes each one\'s schedule and MSCCL XML')
     sweep_args(s, "synthesize", synth=True)
     s.set_defaults(func=cmd_synth)
 

@@ -1,0 +1,137 @@
+"""Collectives on shared links: each group's links named on the base topology, what a schedule
+puts on each of them, and the group topology with its share of every shared link.
+
+The joint schedule is built by partitioning capacity, the traffic-engineering way: collective
+``i`` gets a share ``x[i, l]`` of each base link ``l`` it can use, the shares of a link add up to
+at most one, and ``i`` is synthesized on its group topology with every link's bandwidth scaled by
+its share. Each schedule is verified on its own shares by the simulator, so together they never
+put more on a link than it carries. A group that shares nothing keeps every link whole, and so
+its schedule is the one it would get alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from flowride.concurrent.spec import Item
+from flowride.schedule.ir import Schedule
+from flowride.topology.group import group_topology
+from flowride.topology.model import Link, Topology
+
+MIN_SHARE = 0.02  # of a shared link, for a collective that did not use it before: room to reroute
+
+
+@dataclass(frozen=True)
+class Member:
+    """One item's group topology and, for each of its links, the base link it is (-1: a relaying
+    GPU's internal link, which is no link of the base topology)."""
+
+    item: Item
+    topo: Topology
+    base_link: np.ndarray  # int, per group link
+
+    def loads(self, schedule: Schedule, n_base: int) -> np.ndarray:
+        """Bytes ``schedule`` (on this group's links, any shares) puts on each base link."""
+        out = np.zeros(n_base)
+        if not schedule.sends:
+            return out
+        links = np.fromiter((s.link for s in schedule.sends), dtype=np.int64, count=len(schedule.sends))
+        base = self.base_link[links]
+        np.add.at(out, base[base >= 0], schedule.demand.chunk_bytes)
+        return out
+
+
+def member(base: Topology, item: Item) -> Member:
+    """The group topology of ``item`` on ``base`` and its links' names there."""
+    topo = group_topology(base, item.ranks, item.relay)
+    orig = topo.params["group"]["nodes"]
+    index = base.link_index
+    mapped = np.array([index.get((orig[lk.src], orig[lk.dst]), -1) if orig[lk.src] != orig[lk.dst] else -1
+                       for lk in topo.links], dtype=np.int64)
+    return Member(item, topo, mapped)
+
+
+def users(members: list[Member], n_base: int) -> np.ndarray:
+    """Boolean matrix [member, base link]: which groups can use which links."""
+    out = np.zeros((len(members), n_base), dtype=bool)
+    for i, m in enumerate(members):
+        out[i, m.base_link[m.base_link >= 0]] = True
+    return out
+
+
+def shared_links(members: list[Member], n_base: int) -> np.ndarray:
+    """Base links two or more groups can use."""
+    return users(members, n_base).sum(axis=0) >= 2
+
+
+def equal_shares(members: list[Member], n_base: int) -> np.ndarray:
+    """Every link split evenly among the groups that can use it."""
+    u = users(members, n_base).astype(float)
+    k = u.sum(axis=0)
+    return np.divide(u, k, out=np.zeros_like(u), where=k > 0)
+
+
+def load_shares(members: list[Member], loads: np.ndarray) -> np.ndarray:
+    """Each link split in proportion to what each group put on it (``loads``: [member, base link]
+    bytes), so every group's load on a shared link takes as long as the link's whole load.
+    A group that did not use a link it could use keeps :data:`MIN_SHARE` of it, room to move
+    traffic there; a link nobody used is split evenly."""
+    n_base = loads.shape[1]
+    u = users(members, n_base)
+    even = equal_shares(members, n_base)
+    total = loads.sum(axis=0)
+    prop = np.divide(loads, total, out=even.copy(), where=total > 0)
+    floor = np.where(u, MIN_SHARE / np.maximum(u.sum(axis=0), 1), 0.0)
+    prop = np.where(u, np.maximum(prop, floor), 0.0)
+    colsum = prop.sum(axis=0)
+    return np.divide(prop, colsum, out=np.zeros_like(prop), where=colsum > 0)
+
+
+def scaled(m: Member, share: np.ndarray) -> Topology:
+    """``m``'s group topology with each link's bandwidth scaled by its share of the base link.
+    A relay's internal link and a link only this group uses stay whole."""
+    links = []
+    for lk, b in zip(m.topo.links, m.base_link.tolist(), strict=True):
+        x = 1.0 if b < 0 else float(share[b])
+        links.append(lk if x >= 1.0 else Link(lk.src, lk.dst, lk.bandwidth_GBps * x, lk.alpha_s))
+    if all(a is b for a, b in zip(links, m.topo.links, strict=True)):
+        return m.topo
+    return replace(m.topo, links=tuple(links))
+
+
+def problem_key(topo: Topology, item: Item) -> tuple:
+    """What a synthesis depends on: two groups with the same key get the same schedule (the DP
+    groups of a symmetric fabric, each on its share, are one problem solved once)."""
+    nodes = tuple((nd.kind, nd.copy) for nd in topo.nodes)
+    links = tuple((lk.src, lk.dst, round(lk.bandwidth_GBps, 9), round(lk.alpha_s, 15)) for lk in topo.links)
+    return item.collective.value, item.size_bytes, topo.switching, topo.teccl_compat, nodes, links
+
+
+def ecmp_classes(topo: Topology) -> np.ndarray:
+    """A class id per base link: links that differ only in which of several interchangeable network
+    switches they go to or come from (the spines of a Clos: same neighbours both ways) are one
+    class. Schedules made alone route as if they had every spine to themselves; run together,
+    a real fabric spreads their flows over the spines (ECMP), so the contention model pools each
+    class's capacity, which is the most even spreading there is."""
+    graph = topo.graph
+    twin: dict[int, int] = {}
+    by_sides: dict[tuple, int] = {}
+    for w in topo.switches:
+        if topo.nodes[w].group is not None:
+            continue
+        sides = (frozenset(graph.predecessors(w)), frozenset(graph.successors(w)))
+        twin[w] = by_sides.setdefault(sides, w)
+    keys: dict[tuple[int, int], int] = {}
+    out = np.empty(len(topo.links), dtype=np.int64)
+    for i, lk in enumerate(topo.links):
+        out[i] = keys.setdefault((twin.get(lk.src, lk.src), twin.get(lk.dst, lk.dst)), len(keys))
+    return out
+
+
+def pooled(values: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """``values`` [..., base link] summed per ECMP class [..., class]."""
+    out = np.zeros(values.shape[:-1] + (int(classes.max()) + 1,))
+    np.add.at(out, (..., classes), values)
+    return out
