@@ -246,3 +246,60 @@ def test_cli_writes_each_schedule_its_msccl_xml_and_the_report(tmp_path):
         v = cli("verify", str(out / f"{name}.xml"))
         assert v.code == 0, v.err[-2000:]
     assert report  # the library form is what the CLI prints
+
+
+# ------------------------------------------------------------------------------- in flowride plan
+
+CLOS_JOB = {"model": {"layers": 4, "hidden": 1024, "seq_len": 512, "params": 2e8},
+            "parallel": {"tp": 8, "pp": 1, "dp": 4, "microbatches": 2, "schedule": "1f1b"},
+            "hardware": {"node": "dgx-h100", "network": "clos", "oversubscription": 4},
+            "synthesis": {"time_limit_s": 4, "contention": True}}
+
+
+def test_plan_prices_the_dp_groups_together_and_caches_them(tmp_path):
+    from flowride.plan import Pricer, job_from_dict, plan_job
+
+    cache = tmp_path / "c.json"
+    p1 = Pricer(cache=cache, synth=True, time_limit_s=4)
+    pl = plan_job(job_from_dict(CLOS_JOB), p1)
+    dp = [c for c in pl.collectives if c.group.nodes == 4]
+    assert {c.collective for c in dp} == {"reducescatter", "allgather"} and {c.how for c in dp} == {"joint"}
+    for c in dp:
+        t = c.together
+        assert t["groups"] == 8  # one DP group per GPU of a node, all at once
+        assert c.nccl_us == pytest.approx(t["nccl_together_us"]) and t["nccl_together_us"] >= t["nccl_alone_us"] * (1 - 1e-9)
+        assert c.ours_us <= c.nccl_us * (1 + 1e-9) and t["joint_us"] >= t["joint_bound_us"] * (1 - 1e-9)
+    assert any("priced together" in a for a in pl.report()["assumptions"])
+    p2 = Pricer(cache=cache, synth=True, time_limit_s=4)
+    again = plan_job(job_from_dict(CLOS_JOB), p2)
+    assert p2.solved == 0 and [c.ours_us for c in again.collectives] == [c.ours_us for c in pl.collectives]
+
+
+def test_plan_contention_through_the_cli_and_its_refusal(tmp_path):
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({**CLOS_JOB, "synthesis": {"time_limit_s": 3}}))
+    r = cli("plan", str(job), "--contention", "--no-cache", timeout=300)
+    assert r.code == 0, r.err[-2000:]
+    assert "more at once" in r.out and "contention priced" in r.out
+    assert_clean_error(cli("plan", str(job), "--contention", "--no-synth", "--no-cache"), 2, "--contention", "synthesis is off")
+
+
+def test_spines_are_dealt_out_whole_and_a_cut_off_group_is_refused():
+    from flowride.concurrent.sharing import apart_shares, scaled, twin_switches
+
+    items = parse_spec([{"collective": "allgather", "ranks": "0,16", "size": "1MB"},
+                        {"collective": "allgather", "ranks": "1,17", "size": "1MB"}], CLOS)
+    ms = [member(CLOS, it) for it in items]
+    (spines,) = twin_switches(CLOS)
+    assert len(spines) == 8
+    x = apart_shares(ms, CLOS)
+    assert (x.sum(axis=0) <= 1 + 1e-12).all()
+    owned = [{w for w in spines if x[i, CLOS.link_index[(next(n.id for n in CLOS.nodes if n.label == "leaf0"), w)]] == 1.0}
+             for i in range(2)]
+    assert len(owned[0]) == len(owned[1]) == 4 and not owned[0] & owned[1]  # four spines each, none shared
+    on_share = scaled(ms[0], x[0])
+    assert on_share is not None and len(on_share.topo.links) < len(ms[0].topo.links)
+    assert (on_share.base_link >= 0).all() and set(on_share.base_link.tolist()) <= set(ms[0].base_link.tolist())
+    nothing = np.zeros(len(CLOS.links))
+    nothing[ms[0].base_link[:1]] = 1.0  # one link of its own, the rest taken
+    assert scaled(ms[0], nothing) is None

@@ -313,3 +313,15 @@ def test_cli_relay_errors_and_saved_group_topology(tmp_path):
     assert again.sim.epochs == 2 and isinstance(again.schedule, Schedule)
     save_topology(g, tmp_path / "g2.json")
     assert load_topology(tmp_path / "g2.json").links == g.links
+
+
+def test_a_relaying_reduce_scatter_over_rails_is_built_not_crashed():
+    """Packed trees that fork at a rail switch (which cannot copy) over a one-chunk slot used to
+    raise out of the trees method; that shape is now skipped and the others build the schedule."""
+    from flowride.api import synthesize
+    from flowride.schedule.simulate import simulate
+    from flowride.topology.fabrics import build_fabric
+
+    topo = group_topology(build_fabric("dgx-h100", 4, "rail"), range(0, 32, 8), relay=True)
+    out = synthesize(topo, "reducescatter", 10**9, chunks=1, time_limit=8, nccl=False)
+    assert simulate(out.schedule).valid and out.finish_time_s >= out.bounds.best_s

@@ -46,7 +46,8 @@ def cmd_concurrent(a: argparse.Namespace, epoch) -> int:
     with err.status("[bold]synth --concurrent[/bold] each collective alone") as st, as_options(epoch="--epoch"):
         def progress(ev: dict) -> None:
             if ev.get("stage") == "concurrent":
-                what = {"alone": "alone (whole links)", "equal": "on even shares", "load": "on shares by load"}[ev["phase"]]
+                what = {"alone": "alone (whole links)", "equal": "on even shares", "load": "on shares by load",
+                        "spines apart": "on spines of its own"}[ev["phase"]]
                 st.update(f"[bold]synth --concurrent[/bold] {ev['name']} {what} ({ev['i']}/{ev['of']} distinct)  "
                           f"[{time.perf_counter() - t0:.0f}s]")
         out = synthesize_concurrent(topo, items, seconds, epoch, progress)
@@ -64,7 +65,10 @@ def cmd_concurrent(a: argparse.Namespace, epoch) -> int:
                   f"{rep['speedup_vs_nccl']:.2f}x NCCL's ({rep['speedup_vs_independent_as_routed']:.2f}x and "
                   f"{rep['speedup_vs_nccl_as_routed']:.2f}x with every flow on the links it chose alone)")
     use = rep["joint"]["link_use"]
-    console.print(f"verified: every collective on its share of the links; busiest link {use['busiest_link']} busy "
+    how = rep["joint"]["how"]
+    where = ("on its share of every shared link" if how in ("equal", "load", "spines apart") else
+             "on whole links, never two on a shared link at once" + (" (held back in turn)" if how.startswith("in turn") else ""))
+    console.print(f"verified: every collective {where}; busiest link {use['busiest_link']} busy "
                   f"{use['busiest_link_busy']:.0%} of the joint run; peak windowed use {use['peak_window_use']:.3f} of capacity")
     for note in rep["notes"]:
         err.print(f"[yellow]note: {note}[/yellow]")

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from flowride.argtypes import SECONDS, integer, out_file
 from flowride.cli.common import console, err, refuse_unused
+from flowride.errors import InputError
 from flowride.files import write_json_atomic
 
 
@@ -57,6 +58,11 @@ def _breakdown(rep: dict) -> Table:
     for c in rep["collectives"]:
         t.add_row(f"{c['collective']} {c['size_bytes']:,} B on {c['group']['nodes'] * c['group']['per_node']} GPUs",
                   f"NCCL {c['nccl_algorithm']} {c['nccl_us']:.1f} us, flowride {c['ours_us']:.1f} us ({c['how']})")
+        if c.get("together"):
+            g = c["together"]
+            t.add_row(f"  with {g['groups'] - 1} more at once", f"contention priced: NCCL {g['nccl_alone_us']:.1f} -> "
+                      f"{g['nccl_together_us']:.1f} us, flowride {g['ours_alone_us']:.1f} -> {g['joint_us']:.1f} us joint "
+                      f"({g['joint_how']}; bound {g['joint_bound_us']:.1f} us)")
     t.add_row("synthesis saves", f"{rep['synthesis_saves_s_per_iteration'] * 1e3:.2f} ms per iteration "
                                  f"({rep['synthesis_saves_share']:.2%})")
     h = rep["harvest"]
@@ -168,6 +174,10 @@ def cmd_plan(a: argparse.Namespace) -> int:
         job = _calibrated(a, job)
     if a.no_synth:
         job = job.model_copy(update={"synthesis": job.synthesis.model_copy(update={"enabled": False})})
+    if a.contention:
+        job = job.model_copy(update={"synthesis": job.synthesis.model_copy(update={"contention": True})})
+    if job.synthesis.contention and not job.synthesis.enabled:
+        raise InputError("--contention", "prices a joint schedule, and synthesis is off", "leave out --no-synth (or synthesis.enabled false)")
     limit = a.synth_time_limit or job.synthesis.time_limit_s
     pricer = Pricer(cache=None if a.no_cache else (a.cache or DEFAULT_CACHE), synth=job.synthesis.enabled,
                     time_limit_s=limit)
@@ -236,5 +246,8 @@ def add_plan(sub) -> None:
     pl.add_argument("--cache", help="the collective cache file (default ~/.cache/flowride/plan-collectives.json)")
     pl.add_argument("--no-cache", action="store_true", help="price every collective afresh and keep nothing")
     pl.add_argument("--no-synth", action="store_true", help="NCCL's modelled algorithms only (no synthesis)")
+    pl.add_argument("--contention", action="store_true", default=None,
+                    help="price the DP groups that synchronise at once together on their nodes' shared fabric (joint schedule "
+                         "vs NCCL's run together; the job file's synthesis.contention)")
     pl.add_argument("--synth-time-limit", type=SECONDS, help="seconds per distinct collective synthesized (default: the job's, 30)")
     pl.set_defaults(func=cmd_plan)

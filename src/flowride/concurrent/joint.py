@@ -3,16 +3,18 @@
 Read top to bottom:
 
 1. **alone**: each collective synthesized on its group topology with every link whole
-   (:func:`flowride.api.synthesize`, NCCL's algorithms modelled beside it); what each schedule,
-   and NCCL's, puts on every base link is counted;
-2. **together, as made alone**: those schedules, and NCCL's, run side by side in the fluid model
-   of :mod:`.contention` (what independent scheduling gives);
-3. **jointly**: capacity partitioned (:mod:`.sharing`): every shared link split evenly, and split
+   (:func:`flowride.api.synthesize`, NCCL's algorithms modelled beside it; 30% of the time);
+   what each schedule puts on every base link is counted;
+2. **jointly**: capacity partitioned (:mod:`.sharing`): every shared link split evenly, and split
    in proportion to what each collective put on it alone; each collective synthesized on its
-   shares, so every schedule is verified by the simulator on a slice of the links that never
-   overlaps another's. Where the alone schedules never use a shared link at the same time (starts
-   far enough apart), they are kept as they are. The joint schedule with the earliest last finish
+   shares (the rest of the time), so every schedule is verified by the simulator on a slice of the
+   links that never overlaps another's. Beside them, the alone schedules on whole links: kept as
+   they are where no shared link is used by two at once, and *in turn* (each held back until the
+   ones before it are off the shared links it uses). The valid one with the earliest last finish
    is kept;
+3. **made alone, run together**: the fastest schedule found for each collective (one made for a
+   share runs on the whole links as it is) and NCCL's choices, run side by side in the fluid model
+   of :mod:`.contention` (what independent scheduling gives);
 4. **bound**: :mod:`.bound` on the last finish.
 
 Collectives whose problems are the same (the DP groups of a symmetric fabric, each on its share)
@@ -32,6 +34,7 @@ from flowride.concurrent.bound import JointBound, joint_bound
 from flowride.concurrent.contention import run_together
 from flowride.concurrent.sharing import (
     Member,
+    apart_shares,
     ecmp_classes,
     equal_shares,
     load_shares,
@@ -49,7 +52,7 @@ from flowride.synth.nccl import NcclModel
 from flowride.synth.result import Progress
 from flowride.topology.model import Topology
 
-PHASES = (("alone", 0.4), ("equal", 0.5), ("load", 1.0))  # each step's fraction of what is left
+ALONE_SHARE = 0.3  # of the time limit for the schedules made alone; the shares take the rest
 MAX_GPUS_JOINT = 1024
 
 
@@ -62,6 +65,7 @@ class Solved:
     bound_s: float  # its own lower bound on that topology
     chunks: int
     method: str
+    via: Member  # the group topology it was made on (whole links or shares) and its links' base names
     nccl: NcclModel | None = None
 
 
@@ -117,33 +121,43 @@ def synthesize_concurrent(topo: Topology, items: list[Item], time_limit: float =
     starts = np.array([it.start_s for it in items])
     cache: dict[tuple, Solved] = {}
 
-    def solve(phase: str, fraction: float, shares: np.ndarray | None) -> list[Solved]:
-        tops = [m.topo if shares is None else scaled(m, shares[i]) for i, m in enumerate(members)]
-        keys = [problem_key(t, m.item) for t, m in zip(tops, members, strict=True)]
-        todo = list(dict.fromkeys(k for k in keys if k not in cache))
+    def solve(phases: list[tuple[str, np.ndarray | None]], fraction: float) -> list[list[Solved]]:
+        """Each phase's schedules (shares None: whole links); the distinct problems of all of them
+        share ``fraction`` of the time left equally."""
+        vias = [[m if x is None else scaled(m, x[i]) for i, m in enumerate(members)] for _, x in phases]
+        keys = [[None if v is None else problem_key(v.topo, v.item) for v in vs] for vs in vias]
+        where = {}
+        for p, ks in enumerate(keys):
+            for i, k in enumerate(ks):
+                if k is not None and k not in cache:
+                    where.setdefault(k, (p, i))
         budget = clock.share(fraction) or 60.0
-        for j, k in enumerate(todo):
-            i = keys.index(k)
+        for j, (k, (p, i)) in enumerate(where.items()):
             if progress:
-                progress({"stage": "concurrent", "phase": phase, "name": members[i].item.name, "i": j + 1, "of": len(todo)})
-            seconds = max(1.0, budget / len(todo))
-            out = synthesize(tops[i], members[i].item.collective, members[i].item.size_bytes, epoch, "auto", seconds,
-                             nccl=shares is None)
+                progress({"stage": "concurrent", "phase": phases[p][0], "name": members[i].item.name, "i": j + 1, "of": len(where)})
+            seconds = max(1.0, budget / len(where))
+            v = vias[p][i]
+            out = synthesize(v.topo, v.item.collective, v.item.size_bytes, epoch, "auto", seconds,
+                             nccl=True)  # NCCL's algorithms as candidates on every share too
             cache[k] = Solved(out.schedule, out.finish_time_s, out.bounds.best_s, out.demand.chunks,
-                              str(out.schedule.meta.get("method", "")), out.nccl)
-        return [_rewrap(cache[k], t) for k, t in zip(keys, tops, strict=True)]
+                              str(out.schedule.meta.get("method", "")), v, out.nccl)
+        return [[None if k is None else _rewrap(cache[k], v) for k, v in zip(ks, vs, strict=True)]
+                for ks, vs in zip(keys, vias, strict=True)]
 
-    alone = solve("alone", PHASES[0][1], None)
-    loads = np.array([m.loads(s.schedule, n_base) for m, s in zip(members, alone, strict=True)])
+    (alone,) = solve([("alone", None)], ALONE_SHARE)
+    loads = np.array([s.via.loads(s.schedule, n_base) for s in alone])
     candidates = [_alone_candidate(members, alone, starts, shared_links(members, n_base))]
     if not candidates[0].valid:
-        for name, fraction in PHASES[1:]:
-            shares = equal_shares(members, n_base) if name == "equal" else load_shares(members, loads)
-            solved = solve(name, fraction, shares)
+        phases = [("equal", equal_shares(members, n_base)), ("load", load_shares(members, loads)),
+                  ("spines apart", apart_shares(members, topo))]
+        for (name, shares), solved in zip(phases, solve(phases, 1.0), strict=True):
+            if any(s is None for s in solved):  # a group cut off from itself by these shares
+                candidates.append(Candidate(name, [], np.full(len(members), np.inf), shares, False, "a group is cut off"))
+                continue
             fin = starts + np.array([s.finish_s for s in solved])
             candidates.append(Candidate(name, solved, fin, shares, _shares_hold(shares)))
-    alone = [_fastest_alone(m, [c.solved[i] for c in candidates]) for i, m in enumerate(members)]
-    loads = np.array([m.loads(s.schedule, n_base) for m, s in zip(members, alone, strict=True)])
+    alone = [_fastest_alone([c.solved[i] for c in candidates if c.solved]) for i in range(len(members))]
+    loads = np.array([s.via.loads(s.schedule, n_base) for s in alone])
     alone_fin = np.array([s.finish_s for s in alone])
     if not candidates[0].valid:
         shared = shared_links(members, n_base)
@@ -162,30 +176,30 @@ def synthesize_concurrent(topo: Topology, items: list[Item], time_limit: float =
         if not sim.valid:
             raise AssertionError(f"{m.item.name}: the joint schedule failed verification: {sim.first_violation}")
     bound = joint_bound(topo, items, [s.bound_s for s in alone])
-    use = link_use(topo, members, best, caps)
+    use = link_use(topo, best, caps)
     return JointOutcome(topo, items, members, best, candidates, alone, together, nccl_alone, nccl_together, *routed, nccl_names,
                         bound, use, time.perf_counter() - t0, notes)
 
 
-def _rewrap(s: Solved, topo: Topology) -> Solved:
-    """``s`` on ``topo``: the same problem up to node labels (another group of the same shape)."""
-    if s.schedule.topology is topo:
+def _rewrap(s: Solved, via: Member) -> Solved:
+    """``s`` on ``via``: the same problem up to node labels (another group of the same shape)."""
+    if s.via is via:
         return s
-    sched = Schedule(topo, s.schedule.collective, s.schedule.size_bytes, s.schedule.chunks, s.schedule.tau,
+    sched = Schedule(via.topo, s.schedule.collective, s.schedule.size_bytes, s.schedule.chunks, s.schedule.tau,
                      list(s.schedule.sends), dict(s.schedule.meta))
-    return Solved(sched, s.finish_s, s.bound_s, s.chunks, s.method, s.nccl)
+    return Solved(sched, s.finish_s, s.bound_s, s.chunks, s.method, via, s.nccl)
 
 
-def _fastest_alone(m: Member, tried: list[Solved]) -> Solved:
-    """The fastest of ``tried`` for ``m`` alone. A schedule verified on a share of the links runs
-    on the whole links as it is (each link only paced below its rate; it is not retimed, since in
-    the epoch model a faster link would move arrivals a switch forwards in), so a schedule made for
-    a share that beats the one made alone is the independent schedule: the comparison is with the
-    best flowride found, not with a shorter search."""
+def _fastest_alone(tried: list[Solved]) -> Solved:
+    """The fastest of ``tried`` (the first made alone). A schedule verified on a share of the
+    links runs on the whole links as it is (each link only paced below its rate; it is not
+    retimed, since in the epoch model a faster link would move arrivals a switch forwards in), so
+    a schedule made for a share that beats the one made alone is the independent schedule: the
+    comparison is with the best flowride found, not with a shorter search."""
     best = tried[0]
     for s in tried[1:]:
         if s.finish_s < best.finish_s - 1e-15:
-            best = Solved(s.schedule, s.finish_s, tried[0].bound_s, s.chunks, s.method, tried[0].nccl)
+            best = Solved(s.schedule, s.finish_s, tried[0].bound_s, s.chunks, s.method, s.via, tried[0].nccl)
     return best
 
 
@@ -214,13 +228,13 @@ def _nccl(members: list[Member], alone: list[Solved], n_base: int) -> tuple[np.n
     return np.array(times), np.array(loads), names, notes
 
 
-def _spans(m: Member, s: Solved, shared: np.ndarray) -> dict[int, tuple[float, float]]:
+def _spans(s: Solved, shared: np.ndarray) -> dict[int, tuple[float, float]]:
     """When ``s`` uses each shared base link, from its own start: its first send there to the end
     of its last (its transfer epochs included)."""
     sched, timing = s.schedule, s.schedule.timing
     out: dict[int, tuple[float, float]] = {}
     for snd in sched.sends:
-        b = int(m.base_link[snd.link])
+        b = int(s.via.base_link[snd.link])
         if b < 0 or not shared[b]:
             continue
         t0 = snd.epoch * sched.tau
@@ -234,7 +248,7 @@ def _alone_candidate(members: list[Member], alone: list[Solved], starts: np.ndar
     """The schedules made alone, kept as they are: valid only if no shared link is used by two of
     them at once."""
     fin = starts + np.array([s.finish_s for s in alone])
-    spans = [_spans(m, s, shared) for m, s in zip(members, alone, strict=True)]
+    spans = [_spans(s, shared) for s in alone]
     for i in range(len(members)):
         for j in range(i):
             for b in spans[i].keys() & spans[j].keys():
@@ -250,7 +264,7 @@ def _in_turn(members: list[Member], alone: list[Solved], starts: np.ndarray, sha
     """The schedules made alone, on whole links, each held back (in ``order``) until the ones
     before it are off every shared link it uses: what wins when collectives are short (their
     latency, not the links, sets their time) or start apart."""
-    spans = [_spans(m, s, shared) for m, s in zip(members, alone, strict=True)]
+    spans = [_spans(s, shared) for s in alone]
     begin = starts.astype(float).copy()
     placed: list[int] = []
     for i in order:
@@ -272,7 +286,7 @@ def _shares_hold(shares: np.ndarray) -> bool:
     return bool((shares.sum(axis=0) <= 1.0 + 1e-9).all() and (shares >= 0).all())
 
 
-def link_use(topo: Topology, members: list[Member], cand: Candidate, caps: np.ndarray, windows: int = 32) -> dict:
+def link_use(topo: Topology, cand: Candidate, caps: np.ndarray, windows: int = 32) -> dict:
     """Every collective's sends placed in time on the base links, checked together: in any window of
     ``windows`` times the longest (b+1)-epoch span on a link, the bytes sent stay within the link's
     capacity over the window plus one such span of each collective (the most a sender verified at
@@ -280,13 +294,13 @@ def link_use(topo: Topology, members: list[Member], cand: Candidate, caps: np.nd
     per_link: dict[int, list[tuple[float, float]]] = {}
     slack: dict[int, float] = {}
     span: dict[int, float] = {}
-    for m, s, t0 in zip(members, cand.solved, cand.finish_s - np.array([x.finish_s for x in cand.solved]), strict=True):
+    for s, t0 in zip(cand.solved, cand.finish_s - np.array([x.finish_s for x in cand.solved]), strict=True):
         sched = s.schedule
         timing = sched.timing
         cb = sched.demand.chunk_bytes
         seen: set[int] = set()
         for snd in sched.sends:
-            b = int(m.base_link[snd.link])
+            b = int(s.via.base_link[snd.link])
             if b < 0:
                 continue
             per_link.setdefault(b, []).append((float(t0) + snd.epoch * sched.tau, cb))
@@ -346,7 +360,7 @@ def report(out: JointOutcome) -> dict:
             "nccl_together_us": float(out.nccl_together_s[i]) * us,
             "nccl_together_as_routed_us": float(out.nccl_together_routed_s[i]) * us,
             "chunks": s.chunks, "method": s.method, "verified": True,
-            "min_link_share": None if share is None or not share.size else float(share.min()),
+            "min_link_share": None if share is None or not (share > 0).any() else float(share[share > 0].min()),
         })
     last = best.last_s
     together, nccl = float(out.together_s.max()), float(out.nccl_together_s.max())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import networkx as nx
 import numpy as np
 
 from flowride.concurrent.spec import Item
@@ -89,16 +90,24 @@ def load_shares(members: list[Member], loads: np.ndarray) -> np.ndarray:
     return np.divide(prop, colsum, out=np.zeros_like(prop), where=colsum > 0)
 
 
-def scaled(m: Member, share: np.ndarray) -> Topology:
-    """``m``'s group topology with each link's bandwidth scaled by its share of the base link.
-    A relay's internal link and a link only this group uses stay whole."""
-    links = []
-    for lk, b in zip(m.topo.links, m.base_link.tolist(), strict=True):
+def scaled(m: Member, share: np.ndarray) -> Member | None:
+    """``m`` on its shares: each link's bandwidth scaled by its share of the base link, a link of
+    share zero dropped (another group has it). A relay's internal link and a link only this group
+    uses stay whole. None when the group's GPUs no longer reach each other."""
+    keep, links = [], []
+    for li, (lk, b) in enumerate(zip(m.topo.links, m.base_link.tolist(), strict=True)):
         x = 1.0 if b < 0 else float(share[b])
+        if x <= 0.0:
+            continue
+        keep.append(li)
         links.append(lk if x >= 1.0 else Link(lk.src, lk.dst, lk.bandwidth_GBps * x, lk.alpha_s))
-    if all(a is b for a, b in zip(links, m.topo.links, strict=True)):
-        return m.topo
-    return replace(m.topo, links=tuple(links))
+    if len(keep) == len(m.topo.links) and all(a is b for a, b in zip(links, m.topo.links, strict=True)):
+        return m
+    graph = nx.DiGraph([(lk.src, lk.dst) for lk in links])
+    gpus = m.topo.gpus
+    if not all(g in graph for g in gpus) or not all(nx.has_path(graph, gpus[0], g) and nx.has_path(graph, g, gpus[0]) for g in gpus):
+        return None
+    return Member(m.item, replace(m.topo, links=tuple(links)), m.base_link[np.array(keep, dtype=np.int64)])
 
 
 def problem_key(topo: Topology, item: Item) -> tuple:
@@ -107,6 +116,41 @@ def problem_key(topo: Topology, item: Item) -> tuple:
     nodes = tuple((nd.kind, nd.copy) for nd in topo.nodes)
     links = tuple((lk.src, lk.dst, round(lk.bandwidth_GBps, 9), round(lk.alpha_s, 15)) for lk in topo.links)
     return item.collective.value, item.size_bytes, topo.switching, topo.teccl_compat, nodes, links
+
+
+def twin_switches(topo: Topology) -> list[list[int]]:
+    """Sets of two or more interchangeable network switches (same neighbours both ways: the
+    spines of a Clos), each in id order."""
+    graph = topo.graph
+    by_sides: dict[tuple, list[int]] = {}
+    for w in topo.switches:
+        if topo.nodes[w].group is None:
+            by_sides.setdefault((frozenset(graph.predecessors(w)), frozenset(graph.successors(w))), []).append(w)
+    return [ws for ws in by_sides.values() if len(ws) > 1]
+
+
+def apart_shares(members: list[Member], topo: Topology) -> np.ndarray:
+    """Even shares, except that interchangeable switches (spines) are dealt out whole: with ``m``
+    spines and ``k`` groups using them, group ``r`` gets spines ``r, r + k, ...`` to itself when
+    ``m >= k`` (each group's flows on their own spines, the traffic engineer's answer), and spine
+    ``j`` is split among groups ``j, j + m, ...`` otherwise. A chunk then crosses a whole spine
+    link, not a sliver of every one (in the epoch model a thin link is a slow link)."""
+    n_base = len(topo.links)
+    x = equal_shares(members, n_base)
+    u = users(members, n_base)
+    src, dst = topo.link_ends
+    for ws in twin_switches(topo):
+        touch = [np.flatnonzero((src == w) | (dst == w)) for w in ws]
+        who = [i for i in range(len(members)) if any(u[i, t].any() for t in touch)]
+        if len(who) < 2:
+            continue
+        m, k = len(ws), len(who)
+        owners = [[who[r] for r in range(k) if (r % m if m < k else None) == j or (m >= k and j % k == r)] for j in range(m)]
+        for j, t in enumerate(touch):
+            x[:, t] = 0.0
+            for i in owners[j]:
+                x[i, t] = np.where(u[i, t], 1.0 / len(owners[j]), 0.0)
+    return x
 
 
 def ecmp_classes(topo: Topology) -> np.ndarray:

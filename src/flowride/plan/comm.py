@@ -52,8 +52,9 @@ class Priced:
     nccl_us: float
     nccl_algorithm: str
     ours_us: float  # = nccl_us when synthesis is off or found nothing faster
-    how: str  # "synthesized", "nccl only" or "trivial"
+    how: str  # "synthesized", "nccl only", "trivial" or "joint"
     seconds: float  # wall time the pricing took (0 from the cache)
+    together: dict | None = None  # priced with the groups that run at once (price_together): what contention cost
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -109,6 +110,44 @@ class Pricer:
         self.solved += 1
         self.entries[k] = {"nccl_us": nccl.time_us, "nccl_algorithm": nccl.name, "ours_us": ours, "how": how}
         return Priced(collective, size, g, nccl.time_us, nccl.name, ours, how, time.perf_counter() - t0)
+
+
+    def price_together(self, collective: str, size_bytes: int, g: Group) -> Priced:
+        """``collective`` on every group of ``g``'s shape in ``g``'s nodes at once (the DP groups
+        of a node's GPUs synchronise together), on those nodes' shared fabric: flowride's joint
+        schedule and NCCL's algorithms run together (:mod:`flowride.concurrent`). The price is the
+        last of them to finish; ``together`` keeps both ways alone and together."""
+        per = NODE_TYPES[g.node].gpus
+        k = per // g.per_node
+        size = max(1, int(size_bytes))
+        if g.size < 2 or g.nodes < 2 or k < 2:
+            return self.price(collective, size, g)
+        key = _key(collective, size, g, self.synth) + "|together"
+        hit = self.entries.get(key)
+        if hit is not None:
+            self.hits += 1
+            return Priced(collective, size, g, hit["nccl_us"], hit["nccl_algorithm"], hit["ours_us"], "joint", 0.0, hit["together"])
+        from flowride.collectives.demand import Collective
+        from flowride.concurrent import Item, report, synthesize_concurrent
+
+        t0 = time.perf_counter()
+        spec = FabricSpec(g.node, nodes=g.nodes, network=g.network, nic_Gbps=parse_nic(g.nic) if g.nic else None,
+                          oversubscription=g.oversubscription)
+        topo = fabric(spec)
+        items = [Item(f"dp{j}", Collective.parse(collective), tuple(c * per + j * g.per_node + i for c in range(g.nodes)
+                                                                    for i in range(g.per_node)), size) for j in range(k)]
+        rep = report(synthesize_concurrent(topo, items, self.time_limit_s))
+        c0 = rep["collectives"][0]
+        together = {"groups": k, "nccl_alone_us": max(c["nccl_alone_us"] for c in rep["collectives"]),
+                    "nccl_together_us": rep["nccl_together_us"], "ours_alone_us": max(c["alone_us"] for c in rep["collectives"]),
+                    "ours_together_us": rep["independent_together_us"], "joint_us": rep["joint"]["last_finish_us"],
+                    "joint_how": rep["joint"]["how"], "joint_bound_us": rep["joint_bound_us"]}
+        ours = min(rep["joint"]["last_finish_us"], rep["nccl_together_us"])
+        self.solved += 1
+        self.entries[key] = {"nccl_us": rep["nccl_together_us"], "nccl_algorithm": c0["nccl_algorithm"], "ours_us": ours,
+                             "together": together}
+        return Priced(collective, size, g, rep["nccl_together_us"], c0["nccl_algorithm"], ours, "joint", time.perf_counter() - t0,
+                      together)
 
 
 def group_fabric(g: Group):

@@ -133,6 +133,9 @@ class Harvest(Strict):
 class Synthesis(Strict):
     time_limit_s: float = Field(default=30.0, gt=0, le=86_400)  # per distinct collective, first time
     enabled: bool = True  # False: NCCL's modelled algorithms only
+    # True: the DP groups that synchronise at once on the same nodes are priced together on their
+    # shared fabric (flowride.concurrent: joint schedule vs NCCL's run together), not each alone
+    contention: bool = False
 
 
 class Job(Strict):

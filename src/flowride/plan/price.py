@@ -122,10 +122,10 @@ def plan_job(job: Job, pricer: Pricer | None = None, progress: Progress | None =
     tp_g, dp_g = groups(job)
     priced: list[Priced] = []
 
-    def price(coll: str, size: int, g: Group) -> Priced:
+    def price(coll: str, size: int, g: Group, together: bool = False) -> Priced:
         if progress:
             progress({"stage": "collective", "collective": coll, "size": size, "group": g.size})
-        pr = pricer.price(coll, size, g)
+        pr = pricer.price_together(coll, size, g) if together else pricer.price(coll, size, g)
         priced.append(pr)
         return pr
 
@@ -133,12 +133,13 @@ def plan_job(job: Job, pricer: Pricer | None = None, progress: Progress | None =
     tp_pr = price("allreduce", tp_allreduce_bytes(job), tp_g) if max(n_ar) else None
     cp_f, cp_b = cp_passes(job)
     cp_pr = price("allgather", p.cp * cp_chunk_bytes(job), cp_group(job)) if cp_f else None
+    shared = job.synthesis.contention  # the DP groups of a node's GPUs priced together (flowride.concurrent)
     if p.distributed_optimizer:
-        rs = price("reducescatter", dp_bytes(job), dp_g)
-        ag = price("allgather", dp_bytes(job), dp_g)
+        rs = price("reducescatter", dp_bytes(job), dp_g, shared)
+        ag = price("allgather", dp_bytes(job), dp_g, shared)
         dp_nccl, dp_ours = (rs.nccl_us + ag.nccl_us) * 1e-6, (rs.ours_us + ag.ours_us) * 1e-6
     else:
-        ar = price("allreduce", dp_bytes(job), dp_g)
+        ar = price("allreduce", dp_bytes(job), dp_g, shared)
         dp_nccl, dp_ours = ar.nccl_us * 1e-6, ar.ours_us * 1e-6
     per = NODE_TYPES[job.hardware.node].gpus
     p2p = p2p_seconds(tp_g, p2p_bytes(job), same_node=p.tp * p.cp * p.dp < per) if p.pp > 1 else 0.0
@@ -227,7 +228,12 @@ def assumptions(job: Job) -> list[str]:
         opt = "optimizer step not in the profile, not modelled"
     out.append(f"data-parallel synchronisation after each stage's last backward, {p.dp_overlap:.0%} of it hidden; {opt}; "
                "embedding lookup and data loading not modelled")
-    out.append("collectives priced on the group's own nodes only (no traffic from other groups on shared links)")
+    if job.synthesis.contention:
+        out.append("DP groups that synchronise at once (one per GPU of a node) priced together on their nodes' shared fabric: "
+                   "flowride's joint schedule, NCCL's algorithms run together in a fluid model with flows spread over the spines; "
+                   "TP and other collectives priced on their group's own nodes (they share no link with DP unless DP relays)")
+    else:
+        out.append("collectives priced on the group's own nodes only (no traffic from other groups on shared links)")
     out.append(f"memory: bf16 weights, {m.grad_bytes} B gradients, 12 B fp32 optimizer state"
                f"{' over dp x cp (distributed optimizer)' if p.distributed_optimizer else ''}; activations from Korthikanti "
                f"et al. 2022 (recompute {m.recompute}{', FlashAttention' if m.flash_attention else ''}), micro-batches in "

@@ -14,6 +14,11 @@ import numpy as np
 from flowride.topology.timing import EpochTiming
 
 
+class SlotOverflow(ValueError):
+    """A path that asks one (link, epoch) for more chunks than the link's window holds: no start
+    can ever place it (a caller building along such paths must split them or give up)."""
+
+
 class LinkBook:
     """Chunks started per (link, epoch), checked against every b+1 window. One growing numpy row
     per link: the list schedulers ask ``fits`` millions of times on 512-GPU instances, and
@@ -136,7 +141,7 @@ class LinkBook:
                 need[h] = need.get(h, 0) + 1
             over = [h for h, c in need.items() if c > self._caps[h[0]]]
             if over:
-                raise ValueError(f"link {over[0][0]} would carry {need[over[0]]} chunks in one epoch, over its capacity window")
+                raise SlotOverflow(f"link {over[0][0]} would carry {need[over[0]]} chunks in one epoch, over its capacity window")
         k = ready
         while until is None or k <= until:
             taken: list[tuple[int, int]] = []

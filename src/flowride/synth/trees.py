@@ -22,6 +22,7 @@ import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra
 
 from flowride.schedule.ir import Schedule
+from flowride.schedule.links import SlotOverflow
 from flowride.schedule.prune import drop_switch_cycles
 from flowride.schedule.simulate import simulate
 from flowride.synth.forest import forest_sends
@@ -256,7 +257,10 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
         ps = time.perf_counter()
         if shape.startswith("packed"):
             left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
-            sends = packed_sends(topo, demand, timing, None if left is None else left * PACKED_SHARE, shape == "packed-serial")
+            try:
+                sends = packed_sends(topo, demand, timing, None if left is None else left * PACKED_SHARE, shape == "packed-serial")
+            except SlotOverflow:  # a tree forks at a switch that cannot copy, both ways over one slot: the shapes below
+                sends = None
             if sends is None:  # out of time before the packed schedule was whole: the shapes below are quick
                 continue
         elif shape == "doubling":  # log2(n) steps of fewest-epoch transfers: few hops for small sizes
