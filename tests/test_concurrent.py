@@ -242,9 +242,10 @@ def test_cli_writes_each_schedule_its_msccl_xml_and_the_report(tmp_path):
         assert c["finish_us"] >= c["own_bound_us"] * (1 - 1e-9) and c["nccl_together_us"] >= c["nccl_alone_us"] * (1 - 1e-9)
     assert "joint last finish" in r.out
     for name in ("dp0", "dp1"):
-        assert rep["exports"][name]["msccl"], rep["exports"][name]
-        v = cli("verify", str(out / f"{name}.xml"))
-        assert v.code == 0, v.err[-2000:]
+        assert rep["exports"][name]["msccl"] and rep["exports"][name]["mscclpp"], rep["exports"][name]
+        for f in (out / f"{name}.xml", out / "mscclpp" / f"{name}.json"):
+            v = cli("verify", str(f))
+            assert v.code == 0, v.err[-2000:]
     assert report  # the library form is what the CLI prints
 
 

@@ -40,7 +40,8 @@ def cmd_concurrent(a: argparse.Namespace, epoch) -> int:
     items = read_spec(a.concurrent, topo)
     if a.out_dir:
         files = [f"{_safe(it.name)}.{ext}" for it in items for ext in ("json", "xml")] + ["report.json"]
-        check_output_tree(a.out_dir, files, "--out-dir")
+        files += [f"mscclpp/{_safe(it.name)}.json" for it in items]
+        check_output_tree(a.out_dir, files, "--out-dir", dirs=("mscclpp",))
     seconds = DEFAULT_SECONDS if a.time_limit is None else a.time_limit
     t0 = time.perf_counter()
     with err.status("[bold]synth --concurrent[/bold] each collective alone") as st, as_options(epoch="--epoch"):
@@ -73,23 +74,31 @@ def cmd_concurrent(a: argparse.Namespace, epoch) -> int:
     for note in rep["notes"]:
         err.print(f"[yellow]note: {note}[/yellow]")
     if a.out_dir:
-        console.print(f"schedules, MSCCL XML and report written to {a.out_dir}")
+        console.print(f"schedules, MSCCL XML, MSCCL++ plans (mscclpp/) and report written to {a.out_dir}")
     return 0
 
 
 def _export(out, out_dir: str) -> dict:
-    """Each collective's schedule JSON and MSCCL XML (a schedule that cannot be lowered says why)."""
-    from flowride.program import lower, write_msccl
+    """Each collective's schedule JSON, MSCCL XML and MSCCL++ execution plan (in mscclpp/; one that
+    cannot be lowered or written says why)."""
+    from pathlib import Path
+
+    from flowride.program import lower, write_msccl, write_mscclpp
 
     done = {}
     for it, s in zip(out.items, out.best.solved, strict=True):
         base = f"{out_dir}/{_safe(it.name)}"
         s.schedule.save(f"{base}.json")
+        row: dict = {"schedule": f"{base}.json", "msccl": None, "mscclpp": None}
         try:
-            write_msccl(lower(s.schedule), f"{base}.xml")
-            done[it.name] = {"schedule": f"{base}.json", "msccl": f"{base}.xml"}
+            prog = lower(s.schedule)
+            write_msccl(prog, f"{base}.xml")
+            row["msccl"] = f"{base}.xml"
+            row["mscclpp"] = str(write_mscclpp(prog, s.schedule.topology, Path(out_dir) / "mscclpp" / f"{_safe(it.name)}.json",
+                                               name=f"flowride {it.collective.value} {it.name}"))
         except InputError as e:
-            done[it.name] = {"schedule": f"{base}.json", "msccl": None, "why": str(e)}
+            row["why"] = str(e)
+        done[it.name] = row
     return done
 
 
