@@ -69,6 +69,9 @@ def test_cli_refuses_bad_specs_in_one_line(tmp_path):
                        2, "--concurrent[0].start_us", "not a number")
     assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", "[{"), 2, "--concurrent", "not valid JSON")
     assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", str(tmp_path / "none.json")), 2, "--concurrent", "neither")
+    same = '[{"name": "a/b", "collective": "allgather", "ranks": "0,1", "size": "1MB"}, ' \
+           '{"name": "a_b", "collective": "allgather", "ranks": "2,3", "size": "1MB"}]'
+    assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", same), 2, "--concurrent", "same file name")
     ok = '[{"collective": "allgather", "ranks": "0,1", "size": "1MB"}]'
     assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", ok, "--size", "1MB"), 2, "--size", "without --concurrent")
     assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", ok, "--ranks", "0-3"), 2, "--ranks", "without --concurrent")

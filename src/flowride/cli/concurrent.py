@@ -38,6 +38,10 @@ def cmd_concurrent(a: argparse.Namespace, epoch) -> int:
             raise InputError(flag, f"is used only {_WHEN}", "leave it out: every collective is synthesized with --chunks auto")
     topo = load_topology(a)
     items = read_spec(a.concurrent, topo)
+    files_of = [_safe(it.name) for it in items]
+    if len(set(files_of)) < len(files_of):
+        raise InputError("--concurrent", "two names give the same file name (letters, digits, _ . - are kept)",
+                         "give the collectives names that differ in those characters")
     if a.out_dir:
         files = [f"{_safe(it.name)}.{ext}" for it in items for ext in ("json", "xml")] + ["report.json"]
         files += [f"mscclpp/{_safe(it.name)}.json" for it in items]

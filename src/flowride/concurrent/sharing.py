@@ -145,7 +145,7 @@ def apart_shares(members: list[Member], topo: Topology) -> np.ndarray:
         if len(who) < 2:
             continue
         m, k = len(ws), len(who)
-        owners = [[who[r] for r in range(k) if (r % m if m < k else None) == j or (m >= k and j % k == r)] for j in range(m)]
+        owners = [[who[r] for r in range(k) if (r % m == j if m < k else j % k == r)] for j in range(m)]
         for j, t in enumerate(touch):
             x[:, t] = 0.0
             for i in owners[j]:

@@ -120,7 +120,7 @@ class Pricer:
         per = NODE_TYPES[g.node].gpus
         k = per // g.per_node
         size = max(1, int(size_bytes))
-        if g.size < 2 or g.nodes < 2 or k < 2:
+        if g.size < 2 or g.nodes < 2 or k < 2 or not self.synth:  # nothing shared, or no joint schedule to make
             return self.price(collective, size, g)
         key = _key(collective, size, g, self.synth) + "|together"
         hit = self.entries.get(key)
