@@ -295,7 +295,7 @@ def add_synth(sub) -> None:
     s.add_argument("--report", type=out_file, help="write the report JSON here")
     s.add_argument("--concurrent", metavar="SPEC",
                    help="several collectives at once on shared links, scheduled jointly: a JSON list (inline or a file) of "
-                        '{"name", "collective", "ranks", "size", "start_us"}; --out-dir writes each one\'s schedule and MSCCL XML')
+                        '{"name", "collective", "ranks", "size", "start_us"}; --out-dir writes each one\'s schedule, MSCCL XML and MSCCL++ plan')
     sweep_args(s, "synthesize", synth=True)
     s.set_defaults(func=cmd_synth)
 
