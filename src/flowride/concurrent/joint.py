@@ -163,7 +163,7 @@ def synthesize_concurrent(topo: Topology, items: list[Item], time_limit: float =
         shared = shared_links(members, n_base)
         for name, key in (("in turn, shortest first", alone_fin), ("in turn, longest first", -alone_fin)):
             order = sorted(range(len(members)), key=lambda i: (starts[i], key[i], i))
-            candidates.append(_in_turn(members, alone, starts, shared, name, order))
+            candidates.append(_in_turn(alone, starts, shared, name, order))
     valid = [c for c in candidates if c.valid]
     best = min(valid, key=lambda c: c.last_s)
     ecmp = ecmp_classes(topo)  # run together, flows spread over interchangeable spines
@@ -244,23 +244,30 @@ def _spans(s: Solved, shared: np.ndarray) -> dict[int, tuple[float, float]]:
     return out
 
 
+def _clash(spans: list[dict], begin: np.ndarray, i: int, j: int) -> tuple[int, float] | None:
+    """A shared link ``i`` and ``j`` use at once, started at ``begin``, and how far ``i`` must be
+    held back to come after ``j`` there; None if they never meet."""
+    for b in spans[i].keys() & spans[j].keys():
+        (a0, a1), (b0, b1) = spans[i][b], spans[j][b]
+        if begin[i] + a0 < begin[j] + b1 - 1e-15 and begin[j] + b0 < begin[i] + a1 - 1e-15:
+            return b, begin[j] + b1 - a0
+    return None
+
+
 def _alone_candidate(members: list[Member], alone: list[Solved], starts: np.ndarray, shared: np.ndarray) -> Candidate:
     """The schedules made alone, kept as they are: valid only if no shared link is used by two of
     them at once."""
     fin = starts + np.array([s.finish_s for s in alone])
     spans = [_spans(s, shared) for s in alone]
-    for i in range(len(members)):
+    for i in range(len(alone)):
         for j in range(i):
-            for b in spans[i].keys() & spans[j].keys():
-                (a0, a1), (b0, b1) = spans[i][b], spans[j][b]
-                if starts[i] + a0 < starts[j] + b1 - 1e-15 and starts[j] + b0 < starts[i] + a1 - 1e-15:
-                    return Candidate("alone", alone, fin, None, False, f"{members[j].item.name} and {members[i].item.name} use "
-                                     f"link {b} at once")
+            if (hit := _clash(spans, starts, i, j)) is not None:
+                return Candidate("alone", alone, fin, None, False,
+                                 f"{members[j].item.name} and {members[i].item.name} use link {hit[0]} at once")
     return Candidate("alone", alone, fin, None, True)
 
 
-def _in_turn(members: list[Member], alone: list[Solved], starts: np.ndarray, shared: np.ndarray, name: str,
-             order: list[int]) -> Candidate:
+def _in_turn(alone: list[Solved], starts: np.ndarray, shared: np.ndarray, name: str, order: list[int]) -> Candidate:
     """The schedules made alone, on whole links, each held back (in ``order``) until the ones
     before it are off every shared link it uses: what wins when collectives are short (their
     latency, not the links, sets their time) or start apart."""
@@ -272,11 +279,9 @@ def _in_turn(members: list[Member], alone: list[Solved], starts: np.ndarray, sha
         while moved:
             moved = False
             for j in placed:
-                for b in spans[i].keys() & spans[j].keys():
-                    (a0, a1), (b0, b1) = spans[i][b], spans[j][b]
-                    if begin[i] + a0 < begin[j] + b1 - 1e-15 and begin[j] + b0 < begin[i] + a1 - 1e-15:
-                        begin[i] = begin[j] + b1 - a0
-                        moved = True
+                if (hit := _clash(spans, begin, i, j)) is not None:
+                    begin[i] = hit[1]
+                    moved = True
         placed.append(i)
     fin = begin + np.array([s.finish_s for s in alone])
     return Candidate(name, alone, fin, None, True, held_s=begin - starts)

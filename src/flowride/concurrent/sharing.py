@@ -155,18 +155,11 @@ def apart_shares(members: list[Member], topo: Topology) -> np.ndarray:
 
 def ecmp_classes(topo: Topology) -> np.ndarray:
     """A class id per base link: links that differ only in which of several interchangeable network
-    switches they go to or come from (the spines of a Clos: same neighbours both ways) are one
-    class. Schedules made alone route as if they had every spine to themselves; run together,
-    a real fabric spreads their flows over the spines (ECMP), so the contention model pools each
-    class's capacity, which is the most even spreading there is."""
-    graph = topo.graph
-    twin: dict[int, int] = {}
-    by_sides: dict[tuple, int] = {}
-    for w in topo.switches:
-        if topo.nodes[w].group is not None:
-            continue
-        sides = (frozenset(graph.predecessors(w)), frozenset(graph.successors(w)))
-        twin[w] = by_sides.setdefault(sides, w)
+    switches they go to or come from (:func:`twin_switches`) are one class. Schedules made alone
+    route as if they had every spine to themselves; run together, a real fabric spreads their
+    flows over the spines (ECMP), so the contention model pools each class's capacity, which is
+    the most even spreading there is."""
+    twin = {w: ws[0] for ws in twin_switches(topo) for w in ws}
     keys: dict[tuple[int, int], int] = {}
     out = np.empty(len(topo.links), dtype=np.int64)
     for i, lk in enumerate(topo.links):

@@ -112,10 +112,9 @@ def _ranks(where: str, value: Any, ngpus: int) -> tuple[int, ...]:
     if isinstance(value, list):
         if not all(isinstance(r, int) and not isinstance(r, bool) for r in value):
             raise InputError(where, f"{value!r} is not a list of integers", "give ranks as integers or as text such as 0-7")
-        bad = next((r for r in value if not 0 <= r < ngpus), None)
-        if bad is not None:
-            raise InputError(where, f"rank {bad} is outside 0..{ngpus - 1} (the topology has {ngpus} GPUs)", f"give ranks below {ngpus}")
-        value = ",".join(map(str, value))
+        if any(r < 0 for r in value):
+            raise InputError(where, f"{value!r} holds a negative rank", "ranks count from 0")
+        value = ",".join(map(str, value))  # parse_group checks the range and repeats
     if not isinstance(value, str):
         raise InputError(where, f"{value!r} is neither text nor a list", "give ranks as text such as 0-7 or every:8, or a list")
     return _field(where, lambda: parse_group(value, ngpus))

@@ -131,9 +131,7 @@ class Pricer:
         from flowride.concurrent import Item, report, synthesize_concurrent
 
         t0 = time.perf_counter()
-        spec = FabricSpec(g.node, nodes=g.nodes, network=g.network, nic_Gbps=parse_nic(g.nic) if g.nic else None,
-                          oversubscription=g.oversubscription)
-        topo = fabric(spec)
+        topo = nodes_fabric(g)
         items = [Item(f"dp{j}", Collective.parse(collective), tuple(c * per + j * g.per_node + i for c in range(g.nodes)
                                                                     for i in range(g.per_node)), size) for j in range(k)]
         rep = report(synthesize_concurrent(topo, items, self.time_limit_s))
@@ -150,14 +148,18 @@ class Pricer:
                       together)
 
 
+def nodes_fabric(g: Group):
+    """The fabric of ``g``'s nodes, whole, on the job's network."""
+    return fabric(FabricSpec(g.node, nodes=g.nodes, network=g.network, nic_Gbps=parse_nic(g.nic) if g.nic else None,
+                             oversubscription=g.oversubscription))
+
+
 def group_fabric(g: Group):
     """The topology of group ``g``: a fabric of ``g.nodes`` nodes, cut to the group's GPUs."""
     nt = NODE_TYPES[g.node]
     if not 1 <= g.per_node <= nt.gpus:
         raise InputError("group", f"{g.per_node} GPUs per node on a {g.node} node of {nt.gpus}", "check tp and the node type")
-    spec = FabricSpec(g.node, nodes=g.nodes, network=g.network, nic_Gbps=parse_nic(g.nic) if g.nic else None,
-                      oversubscription=g.oversubscription)
-    topo = fabric(spec)
+    topo = nodes_fabric(g)
     if g.per_node == nt.gpus:
         return topo
     members = [c * nt.gpus + i for c in range(g.nodes) for i in range(g.per_node)]
