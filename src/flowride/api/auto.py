@@ -10,7 +10,8 @@ per byte, bigger models). No count is best everywhere, so the search tries them:
    verified schedule. It stops when the schedule reaches its bound, when
    three counts in a row gain nothing, when the next count would pass the send budget or cut chunks
    below :data:`MIN_CHUNK_BYTES`, or when time is out: half of it, or all of it while one chunk is
-   still best or the last doubling gained at least :data:`STRONG_GAIN`.
+   still best or one of the last two doublings gained at least :data:`STRONG_GAIN` (one count
+   that misses, among trees that reach the same rate in different shapes, does not end it).
 2. **Search.** The requested method's full search (the ladder, the A* windows, the MILP where it
    is small enough) at the best count with the rest of the time, starting from the best schedule.
 3. **NCCL's own algorithms**, modelled as schedules (:mod:`flowride.synth.nccl`), are candidates
@@ -45,7 +46,7 @@ SWEEP_SHARE = 0.5  # of the time the construction sweep may take before the sear
 STEP_SHARE = 0.35  # of the sweep's remaining time one chunk count may take
 AT_BOUND = 1.0005  # a finish within this ratio of the bound cannot be bettered in practice
 GAIN = 0.002  # a count must improve the best by this much to count as a gain
-STRONG_GAIN = 0.01  # while a doubling gains this much, the sweep goes on into the search's time
+STRONG_GAIN = 0.005  # while a doubling gains this much, the sweep goes on into the search's time
 GROWTH = 2.5  # how much longer the next (doubled) chunk count is taken to need
 STALLS = 3  # counts in a row without a gain before the sweep stops
 SEARCH_FACTOR, SEARCH_FLOOR = 2.0, 5.0  # without a time limit: the search's share after the sweep
@@ -85,7 +86,7 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
     swept: list[SynthOutcome] = []
     best: SynthOutcome | None = None
     fast_best: float | None = None
-    stall, gained = 0, 0.0
+    stall, gained, gained_before = 0, 0.0, 0.0
     counts = chunk_counts(topo, size_bytes)
     sweep_end = None if clock.limit is None else clock.elapsed() + clock.left() * SWEEP_SHARE
     last_seconds = 0.0
@@ -95,10 +96,10 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
         # while one chunk is best no search follows the sweep (one chunk had it), and while doubling
         # the chunks still gains much the next count is worth more than the search: the sweep may
         # then take all the time
-        keep_going = best is not None and (best.demand.chunks == 1 or gained >= STRONG_GAIN)
+        keep_going = best is not None and (best.demand.chunks == 1 or max(gained, gained_before) >= STRONG_GAIN)
         end = clock.elapsed() + clock.left() if keep_going and sweep_end is not None else sweep_end
         budget = None if end is None else max(1e-3, (end - clock.elapsed()) * STEP_SHARE)
-        if i >= 2 and budget is not None and last_seconds * GROWTH > budget / STEP_SHARE:
+        if i >= 2 and end is not None and last_seconds * GROWTH > end - clock.elapsed():
             break  # the next count would not finish in the sweep's time: doubling chunks costs about this much more
         if progress:
             progress({"stage": "chunks", "chunks": c, "i": i + 1, "of": len(counts),
@@ -119,10 +120,10 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
             best = out
         # gains are judged within the fast constructions (the first count ran another method)
         if i > 0 and (fast_best is None or out.finish_time_s < fast_best * (1 - GAIN)):
-            gained = 1.0 if fast_best is None else 1 - out.finish_time_s / fast_best
+            gained_before, gained = gained, 1.0 if fast_best is None else 1 - out.finish_time_s / fast_best
             fast_best, stall = out.finish_time_s, 0
         elif i > 0:
-            stall, gained = stall + 1, 0.0
+            stall, gained_before, gained = stall + 1, gained, 0.0
         if _at_bound(best) or stall >= STALLS or len(out.schedule.sends) * 2 > SEND_BUDGET:
             break
     assert best is not None

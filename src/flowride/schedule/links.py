@@ -7,6 +7,7 @@ window around it, the same rule the simulator (:mod:`flowride.schedule.simulate`
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -34,12 +35,22 @@ class LinkBook:
         self._caps = self._cap.tolist()
         self._rows: dict[int, np.ndarray] = {}
         self._open: dict[int, int] = {}  # per link: every epoch below this one is full
+        # a slow link that takes one chunk per window (most do: b > 0, window cap 1) needs its
+        # starts b + 1 apart, so its sorted starts answer fits/next_fit by bisection alone
+        self._lone = [b > 0 and c == 1 for b, c in zip(self._bs, self._caps, strict=True)]
+        self._starts: dict[int, list[int]] = {}
 
     def count(self, link: int, k: int) -> int:
         row = self._rows.get(link)
         return int(row[k]) if row is not None and 0 <= k < len(row) else 0
 
     def fits(self, link: int, k: int) -> bool:
+        if self._lone[link]:
+            st = self._starts.get(link)
+            if not st:
+                return True
+            i = bisect_left(st, k - self._bs[link])
+            return i == len(st) or st[i] > k + self._bs[link]
         cap = self._caps[link]
         row = self._rows.get(link)
         if row is None:
@@ -75,6 +86,17 @@ class LinkBook:
         has room: with W[j] the starts in the window beginning at j, no j in [k'-b, k'] has
         W[j] >= cap. So k' fits exactly when the last full window at or before k' begins before
         k'-b; past the row's end every window is empty."""
+        if self._lone[link]:
+            st = self._starts.get(link)
+            if not st:
+                return k
+            b = self._bs[link]
+            k = max(k, self._open.get(link, 0))
+            i = bisect_left(st, k - b)
+            while i < len(st) and st[i] <= k + b:  # a start within b of k: the first fit is past it
+                k = st[i] + b + 1
+                i += 1
+            return k
         row = self._rows.get(link)
         cap = int(self._cap[link])
         k = max(k, self._open.get(link, 0))
@@ -135,13 +157,18 @@ class LinkBook:
         epoch)`` vetoes a hop for reasons of the caller's own. Every list scheduler places its
         segments, trees and paths through this one search; a failing hop moves k straight to
         that link's next epoch with room (:meth:`next_fit`), since offsets are fixed."""
-        if len(hops) > 1 and len(set(hops)) < len(hops):  # the same slot twice: can it ever fit?
-            need: dict[tuple[int, int], int] = {}
-            for h in hops:
-                need[h] = need.get(h, 0) + 1
-            over = [h for h, c in need.items() if c > self._caps[h[0]]]
-            if over:
-                raise SlotOverflow(f"link {over[0][0]} would carry {need[over[0]]} chunks in one epoch, over its capacity window")
+        if len(hops) > 1 and len({li for li, _ in hops}) < len(hops):  # a link twice: can it ever fit?
+            offs: dict[int, list[int]] = {}
+            for li, off in hops:
+                offs.setdefault(li, []).append(off)
+            for li, o in offs.items():
+                o.sort()
+                b, cap = self._bs[li], self._caps[li]
+                # any b+1 consecutive offsets holding more than the window takes never fit
+                worst = max(bisect_left(o, x + b + 1) - i for i, x in enumerate(o))
+                if worst > cap:
+                    where = "one epoch" if b == 0 else f"{b + 1} epochs"
+                    raise SlotOverflow(f"link {li} would carry {worst} chunks in {where}, over its capacity window")
         k = ready
         while until is None or k <= until:
             taken: list[tuple[int, int]] = []
@@ -168,6 +195,17 @@ class LinkBook:
             self._rows[link] = row = grown
         row[k] += 1
         o = self._open.get(link, 0)
+        if self._lone[link]:  # here every epoch below ``o`` has a start within b of it
+            st = self._starts.setdefault(link, [])
+            insort(st, k)
+            b = self._bs[link]
+            if k - b <= o:  # the new start may block o: move past the starts that do
+                i = bisect_left(st, o - b)
+                while i < len(st) and st[i] <= o + b:
+                    o = st[i] + b + 1
+                    i += 1
+                self._open[link] = o
+            return
         if k == o and row[k] >= self._cap[link]:  # lists fill links mostly in epoch order
             cap = self._cap[link]
             while o < len(row) and row[o] >= cap:
@@ -175,6 +213,44 @@ class LinkBook:
             self._open[link] = o
 
     def release(self, link: int, k: int) -> None:
+        if self._lone[link]:
+            st = self._starts[link]
+            del st[bisect_left(st, k)]
+            self._rows[link][k] -= 1
+            self._open[link] = max(0, min(self._open.get(link, 0), k - self._bs[link]))
+            return
         self._rows[link][k] -= 1
         if k < self._open.get(link, 0):
             self._open[link] = k
+
+
+class OrbitBook:
+    """A :class:`LinkBook` for a schedule that is symmetric under a group of link permutations,
+    kept for one link per orbit.
+
+    When every transfer goes out together with its images under each group element (the same
+    epoch, the permuted links), every link of an orbit carries the same load as the orbit's first
+    link, so only that link's row is kept: a hop on link l stands for ``s`` chunks on its orbit's
+    row, s being the number of elements that fix l (each of l's images is hit that many times).
+    The list schedulers then place one orbit representative's transfers and let the group copy
+    them: 1/|G| of the placements for the same schedule. ``link_images``: (elements, links), row g
+    the link each link goes to under element g (row 0 may be any element)."""
+
+    def __init__(self, timing: EpochTiming, link_images: np.ndarray) -> None:
+        self.book = LinkBook(timing)
+        img = np.asarray(link_images, dtype=np.int64)
+        ids = np.arange(img.shape[1])
+        self._rep = img.min(axis=0).tolist()  # the orbit's smallest link id stands for it
+        self._mult = (img == ids[None, :]).sum(axis=0).tolist()  # elements fixing each link
+
+    def _map(self, hops: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        rep, mult = self._rep, self._mult
+        return [(rep[li], off) for li, off in hops for _ in range(mult[li])]
+
+    def place(self, hops: Sequence[tuple[int, int]], ready: int, until: int | None = None) -> int | None:
+        """As :meth:`LinkBook.place`, for ``hops`` and all their images."""
+        return self.book.place(self._map(hops), ready, until)
+
+    def release(self, link: int, k: int) -> None:
+        for _ in range(self._mult[link]):
+            self.book.release(self._rep[link], k)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flowride.schedule.links import LinkBook
+from flowride.schedule.links import LinkBook, OrbitBook, SlotOverflow
 from flowride.synth.packing import PackedTree, Packing, TreeEdge
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming
@@ -165,8 +165,35 @@ class _Move:
         return [(self.node[v], self.link[li], off, v) for v, li, off in reached]
 
 
+def _free_on(link_images: np.ndarray, links: set[int]) -> bool:
+    """Whether no element but the identity fixes any of ``links`` (a link an element fixes would
+    carry that many images of one transfer in one epoch: the symmetric placement must not apply)."""
+    ids = np.fromiter(links, dtype=np.int64)
+    return bool(((link_images[:, ids] == ids[None, :]).sum(axis=0) <= 1).all())
+
+
 def forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, order: str = "slack",
                  split: bool = True, serial: bool = False, deadline: float | None = None) -> list[tuple[int, int, int, int]] | None:
+    """The AllGather's sends along ``packing``'s trees at ``timing`` (see :func:`_forest_sends`).
+
+    Where the packing has a symmetry that moves each rep root to |G| other roots and fixes none of
+    the trees' links, the reps' transfers are placed with all their images at once (an
+    :class:`~flowride.schedule.links.OrbitBook`): |G| times fewer placements. A transfer whose own
+    images would collide (a multicast through a copying switch to GPUs the symmetry permutes
+    among themselves needs one slot per image in one epoch) makes that schedule impossible: then
+    every root is placed on its own."""
+    images = packing.images
+    if (images is not None and len(images.of_root) == len(images.node) * len(packing.trees)
+            and _free_on(images.link, {li for ts in packing.trees.values() for t in ts for e in t.edges for li in e.links})):
+        try:
+            return _forest_sends(topo, demand, timing, packing, order, split, serial, deadline, orbit=True)
+        except SlotOverflow:
+            pass
+    return _forest_sends(topo, demand, timing, packing, order, split, serial, deadline, orbit=False)
+
+
+def _forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, order: str, split: bool, serial: bool,
+                  deadline: float | None, orbit: bool) -> list[tuple[int, int, int, int]] | None:
     """The AllGather's sends along ``packing``'s trees at ``timing`` (see the module).
 
     ``order`` ranks transfers that can start in the same epoch: "slack" (default: the chunk's turn
@@ -185,21 +212,23 @@ def forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, 
     def prio(c: int, u: _Unit) -> tuple:
         return (c, -u.height) if order == "chunk" else (c * per - u.height, c)
 
-    book = LinkBook(timing)
+    images = packing.images
+    # orbit: place the reps' transfers only, each with all its images at once, and copy the sends
+    # to the other roots at the end
+    book = OrbitBook(timing, images.link) if orbit else LinkBook(timing)
     plans: dict[tuple[int, int], tuple[list[_Unit], dict[int, list[int]], _Move]] = {}
     heap: list = []  # (start, priority, priority, seq, source, chunk, unit, branches or None); serial: priorities first
     seq = 0
     cache: dict[int, tuple] = {}
     dealt: dict[int, list[int]] = {}
     moves: dict[int, _Move] = {}
-    images = packing.images
-    for root in packing.roots():
-        g, rep = images.of_root[root] if images else (0, root)
+    for root in sorted(packing.trees) if orbit else packing.roots():
+        g, rep = images.of_root[root] if images and not orbit else (0, root)
         trees = packing.trees[rep]
         if rep not in dealt:
             dealt[rep] = deal_chunks(trees, chunks)
         if g not in moves:
-            moves[g] = _Move() if images is None or g == 0 else _Move(images.node[g].tolist(), images.link[g].tolist())
+            moves[g] = _Move() if images is None or g == 0 or orbit else _Move(images.node[g].tolist(), images.link[g].tolist())
         for c, ti in enumerate(dealt[rep]):
             key = id(trees[ti])
             if key not in cache:
@@ -288,5 +317,8 @@ def forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, 
                 book.release(li, start + off)
         heapq.heappush(heap, (k, p1, p2, seq, s, c, i, left))
         seq += 1
+    if orbit:
+        node, link = images.node.tolist(), images.link.tolist()
+        sends = [(k, lk[li], nd[s], c) for nd, lk in zip(node, link, strict=True) for k, li, s, c in sends]
     sends.sort()
     return sends

@@ -39,6 +39,23 @@ def _path_links(topo: Topology, pred: np.ndarray, u: int, v: int) -> list[int]:
     return [topo.link_index[(a, b)] for a, b in zip(nodes, nodes[1:], strict=False)]
 
 
+class Outpaced(Exception):  # noqa: N818 (a signal, not an error)
+    """A construction whose links' own load already takes longer than the best schedule so far:
+    scheduling it cannot win, so it is not scheduled."""
+
+
+def load_epochs(timing: EpochTiming, load: np.ndarray) -> float:
+    """Fewer epochs than any schedule needs that puts ``load[l]`` chunks on each link l, all of
+    them needed (each a GPU's one delivery of its chunk, as along trees): the busiest link at its
+    window rate, less one window. A schedule with redundant sends may finish before its last one,
+    so this bounds trees, not routes that may deliver twice (doubling's)."""
+    rate = timing.window_cap / (timing.beta_epochs + 1)
+    busy = (load > 0) & (rate > 0)
+    if not busy.any():
+        return 0.0
+    return float(np.max(load[busy] / rate[busy] - (timing.beta_epochs[busy] + 1)))
+
+
 class GreedyScheduler:
     def __init__(self, topo: Topology, timing: EpochTiming) -> None:
         self.topo = topo

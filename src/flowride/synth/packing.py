@@ -262,8 +262,24 @@ def _uses(edges: list[TreeEdge], nlinks: int) -> np.ndarray:
     return use
 
 
+def link_orbits(images: Images | None, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(orbit of each link, how many group elements map onto each link of its orbit, each orbit's
+    capacity): the packing LP's rows are link orbits, one per link without a symmetry."""
+    nl = len(cap)
+    if images is None:
+        orbit, mult = np.arange(nl), np.ones(nl)
+    else:
+        rep_of = images.link.min(axis=0)  # an orbit is named by its smallest link id
+        _, orbit = np.unique(rep_of, return_inverse=True)
+        mult = len(images.node) / np.bincount(orbit)[orbit]  # elements mapping onto each link of the orbit
+    orbit_cap = np.full(int(orbit.max()) + 1, np.inf)
+    np.minimum.at(orbit_cap, orbit, cap)
+    return orbit, mult, orbit_cap
+
+
 def pack_trees(topo: Topology, bound_Bps: float | None = None, time_limit: float | None = 30.0, tol: float = 1e-4,
-               max_iterations: int = 500, capacity_GBps: np.ndarray | None = None, symmetry=None) -> Packing:
+               max_iterations: int = 500, capacity_GBps: np.ndarray | None = None, symmetry=None,
+               seed: Packing | None = None) -> Packing:
     """Column generation for the packing LP above. ``bound_Bps`` (the forest bound's x*) lets the
     loop stop as soon as it is reached within ``tol``; ``time_limit`` stops it with the packing it
     has (still feasible). ``capacity_GBps`` replaces the links' bandwidths (e.g. what the epoch model
@@ -273,22 +289,17 @@ def pack_trees(topo: Topology, bound_Bps: float | None = None, time_limit: float
     other root takes its rep's trees moved by the group element that carries the rep there. The
     load the images put on a link is its orbit's load, so the LP has one row per link orbit (the
     sum over the orbit, times how many elements map onto each of its links): a thousand-GPU fabric
-    with one orbit of GPUs needs one root's trees."""
+    with one orbit of GPUs needs one root's trees.
+
+    ``seed``: an unfinished packing of the same instance, whose trees start the LP (so a call
+    with more time goes on from where a shorter one stopped)."""
     t0 = time.perf_counter()
     nl = len(topo.links)
     cap = np.array([lk.bandwidth_GBps for lk in topo.links]) if capacity_GBps is None else np.asarray(capacity_GBps, dtype=float)
     images = Images.of(topo, symmetry) if symmetry is not None else None
-    if images is None:
-        gpus = list(topo.gpus)
-        orbit, mult = np.arange(nl), np.ones(nl)
-    else:
-        gpus = list(symmetry.reps)
-        rep_of = images.link.min(axis=0)  # an orbit is named by its smallest link id
-        _, orbit = np.unique(rep_of, return_inverse=True)
-        mult = len(images.node) / np.bincount(orbit)[orbit]  # elements mapping onto each link of the orbit
-    n_orb = int(orbit.max()) + 1
-    orbit_cap = np.full(n_orb, np.inf)
-    np.minimum.at(orbit_cap, orbit, cap)
+    gpus = list(topo.gpus) if images is None else list(symmetry.reps)
+    orbit, mult, orbit_cap = link_orbits(images, cap)
+    n_orb = len(orbit_cap)
     routes = _Routes(topo)
     cols: list[tuple[int, list[TreeEdge], np.ndarray]] = []  # (root, edges, uses)
     seen: set[tuple[int, tuple]] = set()
@@ -306,6 +317,12 @@ def pack_trees(topo: Topology, bound_Bps: float | None = None, time_limit: float
     C, pred = routes.costs(price)
     for g in gpus:
         add(g, min_arborescence(C, routes.pos[g]))
+    for g, ts in (seed.trees.items() if seed is not None else ()):
+        for t in ts:
+            key = (g, tuple((e.parent, e.child, e.links) for e in t.edges))
+            if g in gpus and key not in seen:
+                seen.add(key)
+                cols.append((g, list(t.edges), np.bincount(orbit, weights=_uses(list(t.edges), nl) * mult, minlength=n_orb)))
     x, z, it, optimal = 0.0, None, 0, False
     history: list[float] = []
     root_row = {g: i for i, g in enumerate(gpus)}

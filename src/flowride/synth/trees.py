@@ -26,7 +26,7 @@ from flowride.schedule.links import SlotOverflow
 from flowride.schedule.prune import drop_switch_cycles
 from flowride.schedule.simulate import simulate
 from flowride.synth.forest import forest_sends
-from flowride.synth.greedy import GreedyScheduler, doubling_allgather
+from flowride.synth.greedy import GreedyScheduler, Outpaced, doubling_allgather, load_epochs
 from flowride.synth.packing import Packing, pack_trees
 from flowride.synth.result import Probe, SearchResult
 from flowride.topology.model import Topology
@@ -106,7 +106,7 @@ def _grow(root: int, e: _Edges, out: dict[int, list[int]], cost: np.ndarray, del
 
 
 def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str = "shortest",
-               deadline: float | None = None) -> list[tuple[int, int, int, int]] | None:
+               deadline: float | None = None, beat: float | None = None) -> list[tuple[int, int, int, int]] | None:
     """AllGather sends along one load-balanced broadcast tree per (source, chunk).
 
     ``shape`` "shortest": fewest-epoch trees (Dijkstra), where ``spread`` weighs link load against
@@ -115,7 +115,9 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
     time each edge consumes, inflated by the load already on it, plus ``spread`` times its depth:
     a tree then crosses a thin cut once and copies on the far side (best when bandwidth
     dominates), at the price of deeper trees. ``deadline`` (a ``time.perf_counter()`` value): past
-    it the building stops and None is returned."""
+    it the building stops and None is returned. ``beat``: once the trees are grown, raise
+    :class:`~flowride.synth.greedy.Outpaced` instead of scheduling them when their link load alone
+    takes that many epochs."""
     if not demand.collective.multicast or demand.collective.reduces:
         raise ValueError("tree_sends builds AllGather schedules; reductions use the reversed AllGather")
     e = _gpu_edges(topo, timing)
@@ -155,6 +157,8 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
         for ei in used:
             link_load[edge_links[ei]] += 1
         trees.append((q.source, q.chunk, parent))
+    if beat is not None and load_epochs(timing, link_load) >= beat:
+        raise Outpaced
 
     gs = GreedyScheduler(topo, timing)
     # Place hops as they become ready (their sender holds the chunk), the hop with the tallest
@@ -220,25 +224,31 @@ def packed_sends(topo: Topology, demand, timing, time_limit: float | None = None
     return forest_sends(topo, demand, timing, packing, serial=serial, deadline=None if time_limit is None else t0 + time_limit)
 
 
-_PACKINGS: dict[tuple, Packing] = {}
+_PACKINGS: dict[tuple, tuple[Packing, float]] = {}  # key -> (packing, the time limit it was made in)
 
 
 def packing_for(topo: Topology, timing, chunk_bytes: float, time_limit: float | None = None) -> Packing:
     """The packing of ``topo`` at the capacities the epoch model gives its links (cached: at the
-    fast preset they do not depend on the chunk size)."""
+    fast preset they do not depend on the chunk size). A packing cut short by its time limit is
+    taken up again, from its trees, when a later call has clearly more time (the chunk sweep's
+    first counts have little, and every later count would otherwise keep their unfinished packing)."""
     eff = timing.window_cap / (timing.beta_epochs + 1) * chunk_bytes / timing.tau / 1e9  # GB/s a link carries in whole chunks
     key = (topo.gpus, tuple((lk.src, lk.dst) for lk in topo.links), tuple(np.round(eff, 6)), tuple(nd.copy for nd in topo.nodes))
+    limit = PACKING_SECONDS if time_limit is None else time_limit
     got = _PACKINGS.get(key)
-    if got is None or (not got.optimal and time_limit is None):
-        got = pack_trees(topo, None, time_limit=PACKING_SECONDS if time_limit is None else time_limit, capacity_GBps=eff,
-                         symmetry=shift_symmetry(topo))
+    if got is None or (not got[0].optimal and limit > REPACK_FACTOR * got[1]):
+        seed = None if got is None else got[0]  # go on from the unfinished packing's trees
+        got = (pack_trees(topo, None, time_limit=limit, capacity_GBps=eff, symmetry=shift_symmetry(topo), seed=seed), limit)
         if len(_PACKINGS) > 32:
             _PACKINGS.clear()
         _PACKINGS[key] = got
-    return got
+    return got[0]
 
 
 PACKING_SECONDS = 120.0  # the packing LP's own cap without a time limit
+SHAPES_FLOOR_S = 2.0  # the other shapes' time after the packed trees gave a schedule: at least this,
+SHAPES_FACTOR = 1.0  # or this many times what the packed trees took
+REPACK_FACTOR = 1.5  # an unfinished packing is made again for a call with this much more time
 
 
 def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = None, progress=None, lower: int = 0):
@@ -250,11 +260,20 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
     best: tuple[int, list] | None = None
     probes: list[Probe] = []
     timed_out = False
+    packed_s = 0.0  # what the packed variants took, when they gave a schedule
+    shapes_end: float | None = None
     for i, (shape, spread) in enumerate(TREE_VARIANTS):
         if best is not None and time_limit is not None and time.perf_counter() - t0 >= time_limit:
             timed_out = True
             break
         ps = time.perf_counter()
+        deadline = None if time_limit is None else t0 + time_limit
+        if deadline is not None and packed_s and not shape.startswith("packed"):
+            # the packed trees are at the throughput optimum: the other shapes together get about
+            # what they took (a shape beats them where latency or whole-chunk effects rule, and
+            # there it is quick), so a large count's time goes to the next count, not to shapes
+            shapes_end = shapes_end or ps + max(SHAPES_FLOOR_S, SHAPES_FACTOR * packed_s)
+            deadline = min(deadline, shapes_end)
         if shape.startswith("packed"):
             left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
             try:
@@ -263,12 +282,16 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
                 sends = None
             if sends is None:  # out of time before the packed schedule was whole: the shapes below are quick
                 continue
+            packed_s += time.perf_counter() - ps
         elif shape == "doubling":  # log2(n) steps of fewest-epoch transfers: few hops for small sizes
             sends = doubling_allgather(topo, demand, timing) if demand.num_deliveries <= DOUBLING_MAX_DELIVERIES else None
             if sends is None:
                 continue
         else:
-            sends = tree_sends(topo, demand, timing, spread, shape, None if time_limit is None else t0 + time_limit)
+            try:
+                sends = tree_sends(topo, demand, timing, spread, shape, deadline, None if best is None else best[0])
+            except Outpaced:
+                continue
             if sends is None:  # out of time
                 timed_out = True
                 break
