@@ -292,8 +292,8 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
                 sends = tree_sends(topo, demand, timing, spread, shape, deadline, None if best is None else best[0])
             except Outpaced:
                 continue
-            if sends is None:  # out of time
-                timed_out = True
+            if sends is None:  # out of time: the whole limit's (cut short), or the shapes' own box (done)
+                timed_out = time_limit is not None and time.perf_counter() - t0 >= time_limit
                 break
         sched = drop_switch_cycles(Schedule.from_tuples(topo, demand, timing.tau, sends))  # routes may meet head to tail
         sends = [(x.epoch, x.link, x.source, x.chunk) for x in sched.sends]
