@@ -4,16 +4,22 @@ How finely each GPU's block is cut decides how well transfers pipeline (more chu
 waiting for a whole chunk at every hop) against what each chunk costs (more sends, more latency
 per byte, bigger models). No count is best everywhere, so the search tries them:
 
-1. **Construction sweep.** One chunk with the requested method (what ``--chunks 1`` runs), then
-   the fast constructions (the packed trees and tree shapes for AllGather-like collectives; the LP
-   route for AlltoAll) at 2, 4, 8, ... chunks, each with a share of the time, keeping the best
-   verified schedule. It stops when the schedule reaches its bound, when
-   three counts in a row gain nothing, when the next count would pass the send budget or cut chunks
-   below :data:`MIN_CHUNK_BYTES`, or when time is out: half of it, or all of it while one chunk is
-   still best or one of the last two doublings gained at least :data:`STRONG_GAIN` (one count
-   that misses, among trees that reach the same rate in different shapes, does not end it).
-2. **Search.** The requested method's full search (the ladder, the A* windows, the MILP where it
-   is small enough) at the best count with the rest of the time, starting from the best schedule.
+1. **Construction sweep.** One chunk with the requested method (what ``--chunks 1`` runs, with
+   :data:`FIRST_SHARE` of the sweep's time: where it is best the search below goes on with it),
+   then the fast constructions (the packed trees and tree shapes for AllGather-like collectives;
+   the LP route for AlltoAll) at 2, 4, 8, ... chunks, each with a share of the time, keeping the
+   best verified schedule. After two doublings in a row that each gained :data:`JUMP_GAIN` it
+   quadruples (a count far from the best costs time the larger one needs). It stops when the
+   schedule reaches its bound, when three counts in a row gain nothing, when the next count would
+   pass the send budget or cut chunks below :data:`MIN_CHUNK_BYTES`, or when time is out: half of
+   it, or all of it while one chunk is still best or one of the last two doublings gained at least
+   :data:`STRONG_GAIN` (one count that misses, among trees that reach the same rate in different
+   shapes, does not end it; such a count gets :data:`KEEP_SHARE` of what is left).
+2. **Search.** Counts past the best that were cut short run again first (:func:`_retry_cut_short`).
+   Then the requested method's full search (the ladder, the A* windows, the MILP where it is small
+   enough) at the best count with the rest of the time, starting from the best schedule, where
+   that is at least what the best count took (the search rebuilds its model and constructions
+   first); then the other counts cut short.
 3. **NCCL's own algorithms**, modelled as schedules (:mod:`flowride.synth.nccl`), are candidates
    too: the result is never slower than NCCL's best modelled algorithm.
 
@@ -44,10 +50,14 @@ MIN_CHUNK_BYTES = 4096  # finer chunks only add per-chunk latency in any real ru
 SEND_BUDGET = 3_000_000  # sends of one candidate (the simulator replays about 300k a second)
 SWEEP_SHARE = 0.5  # of the time the construction sweep may take before the search
 STEP_SHARE = 0.35  # of the sweep's remaining time one chunk count may take
+FIRST_SHARE = 0.15  # of the sweep's time the first count (one chunk, the classic search) may take
+KEEP_SHARE = 0.8  # of all the time left a count may take while doubling the chunks still gains much
+KEEP_GROWTH = 2.0  # such a count is tried if it gets this many times what the last one took (measured: 1.2-1.9)
 AT_BOUND = 1.0005  # a finish within this ratio of the bound cannot be bettered in practice
 GAIN = 0.002  # a count must improve the best by this much to count as a gain
 STRONG_GAIN = 0.005  # while a doubling gains this much, the sweep goes on into the search's time
 GROWTH = 2.5  # how much longer the next (doubled) chunk count is taken to need
+JUMP_GAIN = 0.015  # after two doublings in a row that each gained this much, the sweep quadruples
 STALLS = 3  # counts in a row without a gain before the sweep stops
 SEARCH_FACTOR, SEARCH_FLOOR = 2.0, 5.0  # without a time limit: the search's share after the sweep
 RETRY_FACTOR, RETRY_CAP = 2.0, 6.0  # a count cut short is run again with 2-6 times the time it had (never less)
@@ -90,7 +100,10 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
     counts = chunk_counts(topo, size_bytes)
     sweep_end = None if clock.limit is None else clock.elapsed() + clock.left() * SWEEP_SHARE
     last_seconds = 0.0
+    steps, next_c = 1, counts[0]  # doublings from the last count tried to the next one, and that count
     for i, c in enumerate(counts):
+        if c < next_c:
+            continue  # jumped over
         if best is not None and clock.out():
             break
         # while one chunk is best no search follows the sweep (one chunk had it), and while doubling
@@ -98,9 +111,12 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
         # then take all the time
         keep_going = best is not None and (best.demand.chunks == 1 or max(gained, gained_before) >= STRONG_GAIN)
         end = clock.elapsed() + clock.left() if keep_going and sweep_end is not None else sweep_end
-        budget = None if end is None else max(1e-3, (end - clock.elapsed()) * STEP_SHARE)
-        if i >= 2 and end is not None and last_seconds * GROWTH > end - clock.elapsed():
-            break  # the next count would not finish in the sweep's time: doubling chunks costs about this much more
+        gaining = keep_going and best.demand.chunks > 1  # (not: one chunk still best)
+        share = FIRST_SHARE if i == 0 else KEEP_SHARE if gaining else STEP_SHARE
+        budget = None if end is None else max(1e-3, (end - clock.elapsed()) * share)
+        if i >= 2 and end is not None and (last_seconds * KEEP_GROWTH ** steps > budget if gaining
+                                           else last_seconds * GROWTH ** steps > end - clock.elapsed()):
+            break  # the next count would not finish in its time: doubling chunks costs about this much more
         if progress:
             progress({"stage": "chunks", "chunks": c, "i": i + 1, "of": len(counts),
                       "best_us": best.finish_time_s * 1e6 if best else None})
@@ -126,10 +142,22 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
             stall, gained_before, gained = stall + 1, gained, 0.0
         if _at_bound(best) or stall >= STALLS or len(out.schedule.sends) * 2 > SEND_BUDGET:
             break
+        # two strong gains in a row: the chunk count is far from its best, and the count between
+        # costs time the larger one needs (when that one is expected to fit what is left)
+        steps = 2 if (i >= 3 and i + 2 < len(counts) and min(gained, gained_before) >= JUMP_GAIN and gained_before < 1.0
+                      and (clock.limit is None or last_seconds * KEEP_GROWTH ** 2 <= KEEP_SHARE * clock.left())) else 1
+        next_c = c * 2 ** steps
     assert best is not None
     # one chunk had the whole search already, unless its share of the time cut it short
     searched_one = best.demand.chunks == 1 and not best.search.timed_out
-    if fast != opts.method and not searched_one and not _at_bound(best) and not clock.out():
+    # a count past the best that was cut short while the sweep still gained is the likelier gain:
+    # it has the time before the search
+    first = best.demand.chunks
+    best = _retry_cut_short(best, [o for o in swept if o.demand.chunks > first], one, fast, clock, tried, progress, default_budget)
+    # the search first rebuilds the best count's model and constructions, about what that count
+    # took: with less time left it could only overrun (what is left goes to a count cut short)
+    room = clock.limit is None or clock.left() >= best.wall_seconds
+    if fast != opts.method and not searched_one and not _at_bound(best) and room and not clock.out():
         # the requested method's whole search at the best count, from the best schedule
         c = best.demand.chunks
         if progress:
@@ -141,7 +169,7 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
         tried.append(_row(out, "search"))
         if out.finish_time_s < best.finish_time_s:
             best = out
-    best = _retry_cut_short(best, swept, one, fast, clock, tried, progress, default_budget)
+    best = _retry_cut_short(best, [o for o in swept if o.demand.chunks <= first], one, fast, clock, tried, progress, default_budget)
     if nccl is not None:
         best = _nccl_if_faster(best, nccl)
         best.nccl = nccl

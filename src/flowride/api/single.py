@@ -43,7 +43,10 @@ def synthesize_one(topo: Topology, demand: Demand, opts: SynthOptions, clock: Cl
         # per send: the nominal figure, or what the baseline's replay took on this machine now, twice
         # (the winner is pruned as well as replayed): a slower or busier machine keeps more
         per_send = max(MEASURE_SECONDS_PER_SEND, 2.0 * inst.replay_s_per_send)
-        reserve = min(0.3 * clock.left(), per_send * max(len(inst.base), hops * demand.num_deliveries))
+        # the winner's sends: at least the baseline's or the deliveries', or the incumbent's at this
+        # count (trees on a mesh route a delivery over several GPUs: 4-5 sends each on MI250)
+        sends = max(len(inst.base), hops * demand.num_deliveries, *(len(w.sends) for w in warm if w.chunks == demand.chunks))
+        reserve = min(0.3 * clock.left(), per_send * sends)
         search_clock = Clock(max(1e-3, clock.left() - reserve))
     found = _search(inst, opts, search_clock, _in_time(progress, inst.timing.tau), warm)
     return _measure(inst, found, opts, clock)

@@ -9,6 +9,7 @@ The result is a feasible schedule, so its epoch count is also an upper bound for
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -170,10 +171,12 @@ def ring_allgather(topo: Topology, demand: Demand, timing: EpochTiming) -> list[
     return sorted(gs.sends)
 
 
-def doubling_allgather(topo: Topology, demand: Demand, timing: EpochTiming) -> list[Send]:
+def doubling_allgather(topo: Topology, demand: Demand, timing: EpochTiming, deadline: float | None = None) -> list[Send] | None:
     """AllGather by doubling from the farthest distance (Bruck's, as NCCL's PAT orders it): in
     step j every GPU sends the peer n/2^(j+1) places on all it holds that the peer lacks, so the
-    blocks spread in ceil(log2 n) steps, each on fewest-epoch routes: the latency-bound shape."""
+    blocks spread in ceil(log2 n) steps, each on fewest-epoch routes: the latency-bound shape.
+    ``deadline`` (a ``time.perf_counter()`` value): past it None is returned (at many chunks the
+    shape costs seconds and rarely wins, so a caller's time box must hold it too)."""
     gpus = list(topo.gpus)
     n = len(gpus)
     gs = GreedyScheduler(topo, timing)
@@ -182,6 +185,8 @@ def doubling_allgather(topo: Topology, demand: Demand, timing: EpochTiming) -> l
     while d >= 1:
         moves = [(r, (r + d) % n, sorted(have[r] - have[(r + d) % n])) for r in range(n)]
         for r, t, blocks in moves:
+            if deadline is not None and time.perf_counter() > deadline:
+                return None
             for b in blocks:
                 for c in range(demand.chunks):
                     gs.transfer(gpus[b], c, gpus[r], gpus[t])

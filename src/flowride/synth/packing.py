@@ -278,8 +278,7 @@ def link_orbits(images: Images | None, cap: np.ndarray) -> tuple[np.ndarray, np.
 
 
 def pack_trees(topo: Topology, bound_Bps: float | None = None, time_limit: float | None = 30.0, tol: float = 1e-4,
-               max_iterations: int = 500, capacity_GBps: np.ndarray | None = None, symmetry=None,
-               seed: Packing | None = None) -> Packing:
+               max_iterations: int = 500, capacity_GBps: np.ndarray | None = None, symmetry=None) -> Packing:
     """Column generation for the packing LP above. ``bound_Bps`` (the forest bound's x*) lets the
     loop stop as soon as it is reached within ``tol``; ``time_limit`` stops it with the packing it
     has (still feasible). ``capacity_GBps`` replaces the links' bandwidths (e.g. what the epoch model
@@ -289,10 +288,7 @@ def pack_trees(topo: Topology, bound_Bps: float | None = None, time_limit: float
     other root takes its rep's trees moved by the group element that carries the rep there. The
     load the images put on a link is its orbit's load, so the LP has one row per link orbit (the
     sum over the orbit, times how many elements map onto each of its links): a thousand-GPU fabric
-    with one orbit of GPUs needs one root's trees.
-
-    ``seed``: an unfinished packing of the same instance, whose trees start the LP (so a call
-    with more time goes on from where a shorter one stopped)."""
+    with one orbit of GPUs needs one root's trees."""
     t0 = time.perf_counter()
     nl = len(topo.links)
     cap = np.array([lk.bandwidth_GBps for lk in topo.links]) if capacity_GBps is None else np.asarray(capacity_GBps, dtype=float)
@@ -317,12 +313,6 @@ def pack_trees(topo: Topology, bound_Bps: float | None = None, time_limit: float
     C, pred = routes.costs(price)
     for g in gpus:
         add(g, min_arborescence(C, routes.pos[g]))
-    for g, ts in (seed.trees.items() if seed is not None else ()):
-        for t in ts:
-            key = (g, tuple((e.parent, e.child, e.links) for e in t.edges))
-            if g in gpus and key not in seen:
-                seen.add(key)
-                cols.append((g, list(t.edges), np.bincount(orbit, weights=_uses(list(t.edges), nl) * mult, minlength=n_orb)))
     x, z, it, optimal = 0.0, None, 0, False
     history: list[float] = []
     root_row = {g: i for i, g in enumerate(gpus)}

@@ -211,6 +211,7 @@ TREE_VARIANTS: tuple[tuple[str, float], ...] = (("packed-serial", 0.0), ("packed
                                                 ("cheapest", 2.0), ("cheapest", 0.5), ("cheapest", 0.1))
 PACKING_SHARE = 0.5  # of the packed variant's time the packing LP may take before its trees are scheduled
 PACKED_SHARE = 0.7  # of the time limit the packed variant may take (the shapes after it are quick)
+PACKED_AFTER_SHARE = 0.85  # with a schedule in hand: the shapes after it are boxed by what it takes
 DOUBLING_MAX_DELIVERIES = 200_000  # the doubling shape is for latency-bound sizes; past this it only costs time
 
 
@@ -230,15 +231,17 @@ _PACKINGS: dict[tuple, tuple[Packing, float]] = {}  # key -> (packing, the time 
 def packing_for(topo: Topology, timing, chunk_bytes: float, time_limit: float | None = None) -> Packing:
     """The packing of ``topo`` at the capacities the epoch model gives its links (cached: at the
     fast preset they do not depend on the chunk size). A packing cut short by its time limit is
-    taken up again, from its trees, when a later call has clearly more time (the chunk sweep's
-    first counts have little, and every later count would otherwise keep their unfinished packing)."""
+    made again when a later call has clearly more time (the chunk sweep's first counts have
+    little, and every later count would otherwise keep their unfinished packing). It is made
+    afresh, not from the unfinished one's trees: the LP has many optima, and which one a seeded
+    run ends at depends on where the first was cut, i.e. on the machine's speed; their schedules
+    differ by up to 3% (MI250 x2, 128 chunks), so a seeded packing made the result vary run to run."""
     eff = timing.window_cap / (timing.beta_epochs + 1) * chunk_bytes / timing.tau / 1e9  # GB/s a link carries in whole chunks
     key = (topo.gpus, tuple((lk.src, lk.dst) for lk in topo.links), tuple(np.round(eff, 6)), tuple(nd.copy for nd in topo.nodes))
     limit = PACKING_SECONDS if time_limit is None else time_limit
     got = _PACKINGS.get(key)
     if got is None or (not got[0].optimal and limit > REPACK_FACTOR * got[1]):
-        seed = None if got is None else got[0]  # go on from the unfinished packing's trees
-        got = (pack_trees(topo, None, time_limit=limit, capacity_GBps=eff, symmetry=shift_symmetry(topo), seed=seed), limit)
+        got = (pack_trees(topo, None, time_limit=limit, capacity_GBps=eff, symmetry=shift_symmetry(topo)), limit)
         if len(_PACKINGS) > 32:
             _PACKINGS.clear()
         _PACKINGS[key] = got
@@ -247,7 +250,7 @@ def packing_for(topo: Topology, timing, chunk_bytes: float, time_limit: float | 
 
 PACKING_SECONDS = 120.0  # the packing LP's own cap without a time limit
 SHAPES_FLOOR_S = 2.0  # the other shapes' time after the packed trees gave a schedule: at least this,
-SHAPES_FACTOR = 1.0  # or this many times what the packed trees took
+SHAPES_FACTOR = 0.25  # or this many times what the packed trees took
 REPACK_FACTOR = 1.5  # an unfinished packing is made again for a call with this much more time
 
 
@@ -277,15 +280,16 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
         if shape.startswith("packed"):
             left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
             try:
-                sends = packed_sends(topo, demand, timing, None if left is None else left * PACKED_SHARE, shape == "packed-serial")
+                sends = packed_sends(topo, demand, timing, None if left is None else left * (PACKED_SHARE if best is None else PACKED_AFTER_SHARE),
+                                     shape == "packed-serial")
             except SlotOverflow:  # a tree forks at a switch that cannot copy, both ways over one slot: the shapes below
                 sends = None
             if sends is None:  # out of time before the packed schedule was whole: the shapes below are quick
                 continue
             packed_s += time.perf_counter() - ps
         elif shape == "doubling":  # log2(n) steps of fewest-epoch transfers: few hops for small sizes
-            sends = doubling_allgather(topo, demand, timing) if demand.num_deliveries <= DOUBLING_MAX_DELIVERIES else None
-            if sends is None:
+            sends = doubling_allgather(topo, demand, timing, deadline) if demand.num_deliveries <= DOUBLING_MAX_DELIVERIES else None
+            if sends is None:  # too many deliveries, or past the shapes' box
                 continue
         else:
             try:
