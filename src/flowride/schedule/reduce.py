@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from flowride.collectives.demand import Collective
 from flowride.errors import InputError
-from flowride.schedule.ir import Schedule, Send
+from flowride.schedule.ir import SEND_ORDER, Schedule, Send
 from flowride.schedule.links import LinkBook
 from flowride.schedule.prune import prune_redundant
 from flowride.schedule.simulate import simulate
@@ -129,7 +129,7 @@ def reduce_scatter_sends(ag: Schedule, target: Topology) -> tuple[list[Send], di
         key = (h.source, h.chunk, h.parent)
         ready[key] = max(ready.get(key, 0), arrive)
     done = {(d, c): ready.get((d, c, d), 0) for d in target.gpus for c in range(ag.chunks)}
-    return sorted(sends), done
+    return sorted(sends, key=SEND_ORDER), done
 
 
 def _check(ag: Schedule, target: Topology | None, what: str) -> Topology:
@@ -165,4 +165,4 @@ def allreduce_from_allgather(rs_ag: Schedule, ag: Schedule | None = None, target
     gather = [Send(s.epoch + offset, s.link, s.source, s.chunk, False) for s in prune_redundant(ag).sends]
     method = f"reversed {rs_ag.meta.get('method', 'allgather')} + {ag.meta.get('method', 'allgather')}"
     meta = {"method": method, "from": "allgather", "gather_offset_epochs": offset}
-    return Schedule(target, Collective.ALLREDUCE, ag.size_bytes, ag.chunks, ag.tau, sorted(rs + gather), meta)
+    return Schedule(target, Collective.ALLREDUCE, ag.size_bytes, ag.chunks, ag.tau, sorted(rs + gather, key=SEND_ORDER), meta)

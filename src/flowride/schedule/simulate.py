@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from flowride.schedule.ir import Schedule
+from flowride.schedule.ir import SEND_ORDER, Schedule
 
 
 @dataclass
@@ -121,7 +121,7 @@ def simulate(schedule: Schedule, max_violations: int = 50) -> SimResult:
             by_epoch[s.epoch][0 if not nodes[links[s.link].src].is_gpu else 1].append(s)
     for e in sorted(by_epoch):
         from_switches, from_gpus = by_epoch[e]
-        waiting = sorted(from_switches)
+        waiting = sorted(from_switches, key=SEND_ORDER)
         while waiting:
             later = []
             for s in waiting:
@@ -143,7 +143,7 @@ def simulate(schedule: Schedule, max_violations: int = 50) -> SimResult:
                 bad(f"{where(s)}: switch {u} forwards chunk ({s.source},{s.chunk}) that does not arrive in epoch {s.epoch}")
             else:
                 bad(f"{where(s)}: switch {u} cannot copy, yet sends ({s.source},{s.chunk}) {switch_out[key] + 1} times with {arrived} arrival(s)")
-        for s in sorted(from_gpus):
+        for s in sorted(from_gpus, key=SEND_ORDER):
             u = links[s.link].src
             h = 0 if u == s.source else hold.get((s.source, s.chunk, u))
             if h is None or h > s.epoch:
