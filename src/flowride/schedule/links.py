@@ -162,10 +162,9 @@ class LinkBook:
             for li, off in hops:
                 offs.setdefault(li, []).append(off)
             for li, o in offs.items():
-                o.sort()
                 b, cap = self._bs[li], self._caps[li]
                 # any b+1 consecutive offsets holding more than the window takes never fit
-                worst = max(bisect_left(o, x + b + 1) - i for i, x in enumerate(o))
+                worst = int(window_loads(np.sort(np.asarray(o, dtype=np.int64)), b)[1].max())
                 if worst > cap:
                     where = "one epoch" if b == 0 else f"{b + 1} epochs"
                     raise SlotOverflow(f"link {li} would carry {worst} chunks in {where}, over its capacity window")
@@ -224,6 +223,21 @@ class LinkBook:
             self._open[link] = k
 
 
+def window_loads(epochs: np.ndarray, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """For sorted ``epochs`` (one entry per chunk started on a link): each distinct start, and how
+    many chunks start in the b+1 epochs from it. The fullest window can always be slid right until
+    it starts at a chunk, so these windows hold the most any window holds."""
+    starts = np.unique(epochs)
+    return starts, np.searchsorted(epochs, starts + b, side="right") - np.searchsorted(epochs, starts, side="left")
+
+
+def orbit_reps(link_images: np.ndarray) -> np.ndarray:
+    """Each link's orbit under a group of link permutations ((elements, links): the link each link
+    goes to under each element), named by the orbit's smallest link id: the name the packing LP's
+    rows and :class:`OrbitBook`'s rows share."""
+    return np.asarray(link_images).min(axis=0)
+
+
 class OrbitBook:
     """A :class:`LinkBook` for a schedule that is symmetric under a group of link permutations,
     kept for one link per orbit.
@@ -240,7 +254,7 @@ class OrbitBook:
         self.book = LinkBook(timing)
         img = np.asarray(link_images, dtype=np.int64)
         ids = np.arange(img.shape[1])
-        self._rep = img.min(axis=0).tolist()  # the orbit's smallest link id stands for it
+        self._rep = orbit_reps(img).tolist()
         self._mult = (img == ids[None, :]).sum(axis=0).tolist()  # elements fixing each link
 
     def _map(self, hops: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

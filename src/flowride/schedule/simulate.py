@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flowride.schedule.ir import SEND_ORDER, Schedule
+from flowride.schedule.links import window_loads
 
 
 @dataclass
@@ -52,11 +53,9 @@ def check_capacity(schedule: Schedule, sends, bad) -> None:
         cap = int(timing.window_cap[li])
         per = use[li]
         lk = links[li]
-        # the fullest window can always be slid right until it starts at a send, so counting the
-        # windows that start at one (by bisection in the sorted starts) checks them all
+        # the windows that start at a send hold the most (by bisection in the sorted starts)
         ep = np.sort(np.repeat(np.fromiter(per.keys(), dtype=np.int64), np.fromiter(per.values(), dtype=np.int64)))
-        starts = np.unique(ep)
-        n = np.searchsorted(ep, starts + b, side="right") - np.searchsorted(ep, starts, side="left")
+        starts, n = window_loads(ep, b)
         for start, cnt in zip(starts[n > cap].tolist(), n[n > cap].tolist(), strict=True):
             span = f"epoch {start}" if b == 0 else f"epochs {start}..{start + b}"
             bad(f"link {li} ({lk.src}->{lk.dst}) carries {cnt} chunks in {span}, capacity {cap}")

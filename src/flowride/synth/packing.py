@@ -36,6 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import dijkstra
 
+from flowride.schedule.links import orbit_reps
 from flowride.synth.highs import MipModel, SolveOptions, solve
 from flowride.topology.model import Topology
 
@@ -269,8 +270,7 @@ def link_orbits(images: Images | None, cap: np.ndarray) -> tuple[np.ndarray, np.
     if images is None:
         orbit, mult = np.arange(nl), np.ones(nl)
     else:
-        rep_of = images.link.min(axis=0)  # an orbit is named by its smallest link id
-        _, orbit = np.unique(rep_of, return_inverse=True)
+        _, orbit = np.unique(orbit_reps(images.link), return_inverse=True)
         mult = len(images.node) / np.bincount(orbit)[orbit]  # elements mapping onto each link of the orbit
     orbit_cap = np.full(int(orbit.max()) + 1, np.inf)
     np.minimum.at(orbit_cap, orbit, cap)
