@@ -74,11 +74,14 @@ PRESETS = [
 
 @pytest.mark.parametrize(("topo", "size", "epoch"), PRESETS)
 def test_lp_schedules_on_presets_verify_and_are_minimal(topo, size, epoch):
-    demand, timing, dem, res, sim, base = _run(topo, size, epoch)
+    demand, timing, dem, res, sim, base = _run(topo, size, epoch, matched=False)  # the LP itself
     _check(demand, timing, dem, res, sim, base)
     assert res.method == "lp" and res.fallback_chunks == 0
     assert res.proven_minimal, (res.T, res.lower)
     assert res.probes and res.solver_seconds > 0
+    demand, timing, dem, full, sim, base = _run(topo, size, epoch)  # the matched rounds first: never later
+    _check(demand, timing, dem, full, sim, base)
+    assert full.proven_minimal and full.T <= res.T  # epochs of one tau
 
 
 def test_dgx1_beats_the_direct_alltoall():
@@ -99,10 +102,11 @@ def test_rejects_demands_that_copy_or_reduce(collective):
 @pytest.mark.parametrize("topo", [switch(8), dgx1(), mesh(2, 3)], ids=["switch8", "dgx1", "mesh2x3"])
 def test_without_polish_never_later_than_the_direct_alltoall(topo):
     """Without the integer polish the result is the best of the LP's paths (whole chunks or cut
-    into pieces) and the direct AlltoAll: never later than the direct one, bytes and tau kept."""
+    into pieces), the matched rounds and the direct AlltoAll: never later than the direct one,
+    bytes and tau kept."""
     demand, timing, dem, res, sim, base = _run(topo, 10**6, "fast", polish_seconds=0)
     _check(demand, timing, dem, res, sim, base)
-    assert res.method in ("lp", "direct")
+    assert res.method in ("lp", "matched", "direct")
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])

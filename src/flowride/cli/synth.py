@@ -68,7 +68,7 @@ class _ProgressView:
         loud = False
         # the method each stage belongs to (auto runs several in turn)
         self.method = {"trees": "trees", "window": "astar", "probe": "milp", "probed": "milp", "lp": "lp",
-                       "lp-probed": "lp", "integral": "lp", "static-lp": "lp"}.get(stage, self.method)
+                       "lp-probed": "lp", "integral": "lp", "static-lp": "lp", "matched": "lp"}.get(stage, self.method)
         if stage == "bounds":
             msg = f"baseline {ev['baseline']}"
         elif stage == "nccl":
@@ -94,6 +94,8 @@ class _ProgressView:
         elif stage == "decompose":
             msg = "LP flow decomposed into sends"
             loud = True
+        elif stage == "matched":
+            msg = f"matched rounds (spread {ev['spread']:g}): {ev['epochs']} epochs, bound {ev['lower']}"
         else:  # the LP method's other stages: print what they report
             msg = f"{stage}: " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in ev.items()
                                            if k not in ("stage", "elapsed", "best_us", "bound_us"))

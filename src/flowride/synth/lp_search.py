@@ -36,6 +36,7 @@ from flowride.synth.lp_static import (
     symmetric_flow,
     symmetric_paths,
 )
+from flowride.synth.matched import MATCHED_SPREADS, matched_alltoall
 from flowride.synth.options import OBJECTIVES
 from flowride.synth.reach import epoch_distances
 from flowride.synth.result import Probe, Progress, SearchResult, Send
@@ -150,7 +151,7 @@ class LpSearch(SearchResult):
     pieces: int = 1  # pieces per input chunk in the returned demand
     rounding_loss: float = 0.0
     fallback_chunks: int = 0  # (pieces of) chunks sent along fewest-epoch routes, not LP paths
-    method: str = "lp"  # lp | direct (no LP solved in time, or its decomposition was rejected)
+    method: str = "lp"  # lp | matched (the matched rounds won) | direct (no LP solved in time, or its decomposition was rejected)
     static: bool = False  # the instance was too large to expand in time: the static LP's paths
     objective: str = "makespan"  # weighted: the published single-LP objective made the schedule
 
@@ -351,8 +352,13 @@ def synthesize_lp(
     baseline: tuple[list[Send], int] | None = None,
     max_columns: int = LP_MAX_COLUMNS,
     memory_limit: int = MEMORY_LIMIT_BYTES,
+    matched: bool = True,
 ) -> tuple[Demand, LpSearch]:
     """AlltoAll (any copy-free demand) through the LP form and its decomposition.
+
+    0. ``matched``: first the matched rounds (:mod:`flowride.synth.matched`), two routings, each
+       a list scheduling; one that meets the epoch lower bound ends the search (method
+       "matched"), else it stands as an incumbent the LP's schedules must beat.
 
     1. The smallest horizon T, from the epoch lower bounds up, whose LP is feasible
        (:func:`min_lp_horizon`; no schedule exists below those bounds, so smaller LP horizons
@@ -407,12 +413,26 @@ def synthesize_lp(
         raise InputError("objective", f"{objective!r} is not an objective", f"use one of {', '.join(OBJECTIVES)}")
     if objective == "weighted" and lp_size(topo, demand, timing, base_T, D) <= max_columns:
         return demand, _weighted(topo, demand, timing, D, one, base, base_T, left(), report)
-    if lp_size(topo, demand, timing, int(one.lower * 1.1) + 1, D) > max_columns:
-        # too large to expand in time: the static LP (bandwidth decides such instances)
+    too_large = lp_size(topo, demand, timing, int(one.lower * 1.1) + 1, D) > max_columns
+    if too_large and static_lp_bytes(topo) > memory_limit:  # refused before any work
         need = static_lp_bytes(topo)
-        if need > memory_limit:
-            raise InputError("method", f"the static LP would need about {need / 2**30:.1f} GiB, over the "
-                             f"{memory_limit / 2**30:.0f} GiB memory limit", "raise --memory-limit, or split the topology")
+        raise InputError("method", f"the static LP would need about {need / 2**30:.1f} GiB, over the "
+                         f"{memory_limit / 2**30:.0f} GiB memory limit", "raise --memory-limit, or split the topology")
+    took = 0.0
+    for spread in MATCHED_SPREADS if matched else ():  # the matched rounds: list scheduling that may meet the bound outright
+        if time_limit is not None and (left() <= 0 or took * 4 > left()):
+            break  # (seconds on a 16 x 16 torus): the LP's time comes first
+        ts = time.perf_counter()
+        sends = matched_alltoall(topo, demand, timing, spread)
+        took = time.perf_counter() - ts
+        sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, sends))
+        if sim.valid:  # the LinkBook keeps the simulator's rules; this guards it
+            one.offer(Candidate(int(sim.epochs), sends, 0.0, 0, "matched"))
+            report("matched", spread=spread, epochs=int(sim.epochs), lower=one.lower)
+    if not one.open:  # at the epoch bound: no LP can finish sooner
+        b = one.best
+        return demand, LpSearch(b.sends, b.T, one.lower, False, [], method=b.method)
+    if too_large:  # too large to expand in time: the static LP (bandwidth decides such instances)
         return demand, _static(topo, demand, timing, one, base, base_T, left(), report)
     # half the time for the time-expanded LP: if it cannot even find a horizon, the static LP can
     hz = run.lp_search(one, base_T, None, None if time_limit is None else left() / 2)
@@ -423,7 +443,9 @@ def synthesize_lp(
             st.solver_seconds += run.solver_s
             st.timed_out = True  # the time-expanded LP ran out of time
             return demand, st
-        return demand, LpSearch(base, base_T, one.lower, run.timed_out, run.probes, solver_seconds=run.solver_s, method="direct")
+        one.offer(Candidate(base_T, base, 0.0, 0, "direct"))
+        b = one.best
+        return demand, LpSearch(b.sends, b.T, one.lower, run.timed_out, run.probes, solver_seconds=run.solver_s, method=b.method)
 
     sources, need_arr = unicast_needs(topo, demand)
     need = {(int(sources[a]), int(b)): int(need_arr[a, b]) for a, b in zip(*np.nonzero(need_arr), strict=True)}
