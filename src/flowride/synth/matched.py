@@ -29,6 +29,7 @@ chunks that collide, and what is lost is measured (docs/synthesis.md).
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 
 import numpy as np
@@ -120,8 +121,10 @@ SPREAD = 0.01  # a link's weight grows by at most 1% with its load: ties are spr
 MATCHED_SPREADS = (SPREAD, 1.0)
 
 
-def lean_routes(topo: Topology, timing: EpochTiming, demand: Demand, spread: float = SPREAD) -> dict[tuple[int, int], list[int]]:
-    """A route per (source, destination) that holds little link time and spreads the load.
+def lean_routes(topo: Topology, timing: EpochTiming, pairs: dict[int, dict[int, int]],
+                spread: float = SPREAD) -> dict[tuple[int, int], list[int]]:
+    """A route per (source, destination) of ``pairs`` (source -> destination -> chunks) that holds
+    little link time and spreads the load.
 
     Each link weighs the epochs one chunk holds it, (b + 1) / window cap: fewest-epoch routes send
     some chunks between GPUs of one MI250 chassis out through the NIC switches and back (8 slow
@@ -133,43 +136,49 @@ def lean_routes(topo: Topology, timing: EpochTiming, demand: Demand, spread: flo
     100% it may be (MI250 x 2: from the bound to 1.5x; A800 Clos: 1.057 to 1.006)."""
     n = topo.num_nodes
     src, dst = topo.link_ends
-    hold = ((timing.beta_epochs + 1) / np.maximum(timing.window_cap, 1)).astype(np.float64)
+    hold = _hold(timing)
     tie = 1e-3 * (timing.hop_delay + 1)
-    chunks: dict[int, dict[int, int]] = defaultdict(dict)  # source -> destination -> chunks
-    for q in demand.commodities:
-        for d in q.dests:
-            chunks[q.source][d] = chunks[q.source].get(d, 0) + 1
     busy = np.zeros(len(topo.links))
     routes: dict[tuple[int, int], list[int]] = {}
-    for s in sorted(chunks):
+    for s in sorted(pairs):
         w = hold * (1.0 + spread * busy / max(1.0, float(busy.max()))) + tie
         _, pred = dijkstra(sp.csr_matrix((w, (src, dst)), shape=(n, n)), directed=True, indices=s,
                            return_predecessors=True)
-        for d, k in chunks[s].items():
-            nodes = [d]
-            while nodes[-1] != s:
-                p = int(pred[nodes[-1]])
-                if p < 0:
-                    raise ValueError(f"no path {s}->{d}")
-                nodes.append(p)
-            links = [topo.link_index[(a, b)] for a, b in zip(nodes[::-1], nodes[-2::-1], strict=False)]
+        for d, k in pairs[s].items():
+            links = _walk(topo, pred, s, d)
             routes[(s, d)] = links
             np.add.at(busy, links, hold[links] * k)
     return routes
 
 
-def matched_alltoall(topo: Topology, demand: Demand, timing: EpochTiming, spread: float = SPREAD) -> list[Send]:
-    """A copy-free demand along :func:`lean_routes`, the segments that cross the slowest links placed
-    in matched slots (module doc), the rest as early as they fit. Every (link, epoch) goes through
-    one LinkBook, so the schedule keeps every window's capacity whatever the fabric; how close it
-    comes to the bound depends on how bipartite the fabric is."""
-    routes = lean_routes(topo, timing, demand, spread)
-    pieces = [(q.source, q.chunk, _segments(topo, routes[(q.source, d)])) for q in demand.commodities for d in q.dests]
+def _hold(timing: EpochTiming) -> np.ndarray:
+    """Epochs one chunk holds each link: (b + 1) / window cap."""
+    return ((timing.beta_epochs + 1) / np.maximum(timing.window_cap, 1)).astype(np.float64)
+
+
+def _walk(topo: Topology, pred: np.ndarray, s: int, d: int) -> list[int]:
+    """The links from s to d along a predecessor row of s."""
+    nodes = [d]
+    while nodes[-1] != s:
+        p = int(pred[nodes[-1]])
+        if p < 0:
+            raise ValueError(f"no path {s}->{d}")
+        nodes.append(p)
+    return [topo.link_index[(a, b)] for a, b in zip(nodes[::-1], nodes[-2::-1], strict=False)]
+
+
+Piece = tuple[int, int, list[list[int]]]  # (source, chunk, the route's segments)
+
+
+def matched_slots(timing: EpochTiming, pieces: list[Piece]) -> tuple[int, dict[tuple[int, int], int]]:
+    """The slot length S (one window of the slowest links the pieces use) and a slot per (piece,
+    segment) that crosses those links: König's colouring of each segment's busiest slow link on the
+    way out against its busiest on the way in (module doc)."""
     b1 = timing.beta_epochs.astype(np.int64) + 1
     used = sorted({li for _, _, segs in pieces for seg in segs for li in seg})
-    S = int(b1[used].max()) if used else 1  # the slot: one window of the slowest links used
+    S = int(b1[used].max()) if used else 1
     slow = (b1 == S) & (timing.window_cap == 1)  # one chunk per slot on these
-    load = np.zeros(len(topo.links), dtype=np.int64)
+    load = np.zeros(len(timing.beta_epochs), dtype=np.int64)
     for _, _, segs in pieces:
         for seg in segs:
             load[[li for li in seg if slow[li]]] += 1  # a route crosses a link once
@@ -190,21 +199,133 @@ def matched_alltoall(topo: Topology, demand: Demand, timing: EpochTiming, spread
             right.append(ins.setdefault(into, len(ins)))
             colored.append((p, j))
     slots = matched_rounds(np.array(left, dtype=np.int64), np.array(right, dtype=np.int64))
-    slot_of = dict(zip(colored, slots.tolist(), strict=True))
+    return S, dict(zip(colored, slots.tolist(), strict=True))
+
+
+def place_pieces(book: LinkBook, timing: EpochTiming, pieces: list[Piece], ready: list[int] | None = None
+                 ) -> tuple[list[Send], list[int]]:
+    """Sends for ``pieces``, slot by slot (:func:`matched_slots`), the pieces that never touch a
+    slow link after them: a coloured segment at its slot's start where every hop fits there, else
+    (and every other segment) at the earliest start that fits once it is held. ``ready``: the epoch
+    each piece's source GPU holds it (0 without). Returns the sends and each piece's arrival."""
+    S, slot_of = matched_slots(timing, pieces)
     first = [min((slot_of.get((p, j), 1 << 40) for j in range(len(segs))), default=0) for p, (_, _, segs) in enumerate(pieces)]
-    book = LinkBook(timing)
     sends: list[Send] = []
-    for p in sorted(range(len(pieces)), key=first.__getitem__):  # slot by slot, the fast-only pieces last
+    arrive = [0] * len(pieces)
+    for p in sorted(range(len(pieces)), key=first.__getitem__):
         s, c, segs = pieces[p]
-        ready = 0
+        at = 0 if ready is None else ready[p]
         for j, seg in enumerate(segs):
             hops = book.offsets(seg)
             t = slot_of.get((p, j))
-            k = book.place(hops, t * S, until=t * S) if t is not None and t * S >= ready else None
+            k = book.place(hops, t * S, until=t * S) if t is not None and t * S >= at else None
             if k is None:  # its slot is taken on another link (or it is not held yet): the earliest fit
-                k = book.place(hops, ready if t is None else max(ready, t * S))
+                k = book.place(hops, at if t is None else max(at, t * S))
             sends.extend((k + off, li, s, c) for li, off in hops)
             li, off = hops[-1]
-            ready = timing.arrival(li, k + off)
+            at = timing.arrival(li, k + off)
+        arrive[p] = at
+    return sends, arrive
+
+
+def matched_alltoall(topo: Topology, demand: Demand, timing: EpochTiming, spread: float = SPREAD) -> list[Send]:
+    """A copy-free demand along :func:`lean_routes`, placed by :func:`place_pieces`. Every (link,
+    epoch) goes through one LinkBook, so the schedule keeps every window's capacity whatever the
+    fabric; how close it comes to the bound depends on how bipartite the fabric is."""
+    pairs: dict[int, dict[int, int]] = defaultdict(dict)
+    for q in demand.commodities:
+        for d in q.dests:
+            pairs[q.source][d] = pairs[q.source].get(d, 0) + 1
+    routes = lean_routes(topo, timing, pairs, spread)
+    pieces = [(q.source, q.chunk, _segments(topo, routes[(q.source, d)])) for q in demand.commodities for d in q.dests]
+    sends, _ = place_pieces(LinkBook(timing), timing, pieces)
     sends.sort()
     return sends
+
+
+def matched_allgather(topo: Topology, demand: Demand, timing: EpochTiming, spread: float = SPREAD) -> list[Send] | None:
+    """AllGather on a fabric of groups (nodes, chassis) joined by switches that cannot copy: each
+    block crosses to every other group once, to one GPU there, in matched slots, and is spread
+    inside each group from whoever holds it.
+
+    Why: without copies in the fabric, a block bound for g groups must leave its own g times; the
+    cut bound counts exactly those crossings. Each crossing is the AlltoAll's kind of chunk (an
+    uplink and a downlink held together), so :func:`place_pieces` keeps every uplink busy; the
+    receiver in each group is the one whose way in is least loaded so far (downlinks and
+    receivers share the blocks evenly). Inside a group the block goes down the least-link-time
+    tree from its holder (a star on a switch, relays on a mesh), each hop once its GPU holds it.
+    None for a topology with fewer than two groups (nothing to cross)."""
+    gpus = sorted({q.source for q in demand.commodities} | {d for q in demand.commodities for d in q.dests})
+    group = {g: topo.nodes[g].group for g in gpus}
+    members: dict[object, list[int]] = defaultdict(list)
+    for g in gpus:
+        members[group[g]].append(g)
+    if len(members) < 2 or None in members:
+        return None
+    hold = _hold(timing)
+    n = topo.num_nodes
+    src, dst = topo.link_ends
+    w = hold + 1e-3 * (timing.hop_delay + 1)
+    _, pred = dijkstra(sp.csr_matrix((w, (src, dst)), shape=(n, n)), directed=True, return_predecessors=True)
+    # the crossings: each (source, chunk) to one GPU of every other group, the least loaded way in
+    into_load = np.zeros(len(topo.links))
+    got = dict.fromkeys(gpus, 0)
+    cross: list[tuple[int, int, int]] = []  # (source, chunk, receiver)
+    pairs: dict[int, dict[int, int]] = defaultdict(dict)
+    way = {(u, v): _walk(topo, pred[u], u, v) for u in gpus for v in gpus if group[u] != group[v]}
+    for q in sorted(demand.commodities, key=lambda q: (q.chunk, q.source)):
+        for gid, ms in members.items():
+            if gid == group[q.source]:
+                continue
+            r = min(ms, key=lambda g: (max(into_load[way[(q.source, g)]]), got[g], g))
+            links = way[(q.source, r)]
+            into_load[links] += hold[links]
+            got[r] += 1
+            cross.append((q.source, q.chunk, r))
+            pairs[q.source][r] = pairs[q.source].get(r, 0) + 1
+    routes = lean_routes(topo, timing, pairs, spread)
+    book = LinkBook(timing)
+    pieces = [(s, c, _segments(topo, routes[(s, r)])) for s, c, r in cross]
+    sends, arrive = place_pieces(book, timing, pieces)
+    # inside each group: from the holder (the source at 0, a receiver when its crossing arrives)
+    heap = [(0, q.source, q.chunk, q.source) for q in demand.commodities]
+    heap += [(t, s, c, r) for (s, c, r), t in zip(cross, arrive, strict=True)]
+    heapq.heapify(heap)
+    plans: dict[int, list[tuple[int, int, list[int]]] | None] = {}
+    while heap:
+        t, s, c, h = heapq.heappop(heap)
+        if h not in plans:
+            plans[h] = _group_tree(topo, pred[h], members[group[h]], group, h)
+        plan = plans[h]
+        if plan is None:
+            return None  # a way between two GPUs of one group leaves it: not a fabric of groups
+        held = {h: t}
+        for v, u, seg in plan:  # each segment once its GPU holds the chunk, nearest GPUs first
+            hops = book.offsets(seg)
+            k = book.place(hops, held[u])
+            sends.extend((k + off, li, s, c) for li, off in hops)
+            li, off = hops[-1]
+            held[v] = timing.arrival(li, k + off)
+    sends.sort()
+    return sends
+
+
+def _group_tree(topo: Topology, pred_h: np.ndarray, ms: list[int], group: dict[int, object], h: int
+                ) -> list[tuple[int, int, list[int]]] | None:
+    """The least-link-time tree from h to the other GPUs of its group, as (GPU, the GPU it gets
+    the chunk from, the GPU -> switch* -> GPU segment between them), nearest first; None if a
+    way passes a GPU of another group."""
+    parent: dict[int, tuple[int, list[int]]] = {}
+    depth: dict[int, int] = {}
+    for g in ms:
+        if g == h:
+            continue
+        at = h
+        for i, seg in enumerate(_segments(topo, _walk(topo, pred_h, h, g))):
+            v = topo.links[seg[-1]].dst
+            if group.get(v) != group[h]:
+                return None
+            parent.setdefault(v, (at, seg))
+            depth.setdefault(v, i)
+            at = v
+    return [(v, *parent[v]) for v in sorted(parent, key=lambda v: (depth[v], v))]

@@ -27,6 +27,7 @@ from flowride.schedule.prune import drop_switch_cycles
 from flowride.schedule.simulate import simulate
 from flowride.synth.forest import forest_sends
 from flowride.synth.greedy import GreedyScheduler, Outpaced, doubling_allgather, load_epochs
+from flowride.synth.matched import SPREAD, matched_allgather
 from flowride.synth.packing import Packing, pack_trees
 from flowride.synth.result import Probe, SearchResult
 from flowride.topology.model import Topology
@@ -207,12 +208,13 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
 # spread) pair of :func:`tree_sends` and doubling from the farthest distance
 # (:func:`~flowride.synth.greedy.doubling_allgather`), cheapest first in wall time; together they
 # cover bandwidth-bound and latency-bound (shallow trees, log-step doubling) instances.
-TREE_VARIANTS: tuple[tuple[str, float], ...] = (("packed-serial", 0.0), ("packed", 0.0), ("shortest", 0.5), ("doubling", 0.0),
+TREE_VARIANTS: tuple[tuple[str, float], ...] = (("matched", SPREAD), ("packed-serial", 0.0), ("packed", 0.0), ("shortest", 0.5), ("doubling", 0.0),
                                                 ("cheapest", 2.0), ("cheapest", 0.5), ("cheapest", 0.1))
 PACKING_SHARE = 0.5  # of the packed variant's time the packing LP may take before its trees are scheduled
 PACKED_SHARE = 0.7  # of the time limit the packed variant may take (the shapes after it are quick)
 PACKED_AFTER_SHARE = 0.85  # with a schedule in hand: the shapes after it are boxed by what it takes
 DOUBLING_MAX_DELIVERIES = 200_000  # the doubling shape is for latency-bound sizes; past this it only costs time
+MATCHED_MAX_DELIVERIES = 200_000  # the matched crossings pick a receiver per block and group: quick below this
 
 
 def packed_sends(topo: Topology, demand, timing, time_limit: float | None = None,
@@ -287,6 +289,10 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
             if sends is None:  # out of time before the packed schedule was whole: the shapes below are quick
                 continue
             packed_s += time.perf_counter() - ps
+        elif shape == "matched":  # groups joined by switches that cannot copy: each block crosses once per group
+            sends = matched_allgather(topo, demand, timing, spread) if demand.num_deliveries <= MATCHED_MAX_DELIVERIES else None
+            if sends is None:  # one group only, or too many deliveries
+                continue
         elif shape == "doubling":  # log2(n) steps of fewest-epoch transfers: few hops for small sizes
             sends = doubling_allgather(topo, demand, timing, deadline) if demand.num_deliveries <= DOUBLING_MAX_DELIVERIES else None
             if sends is None:  # too many deliveries, or past the shapes' box
