@@ -30,7 +30,7 @@ chunks that collide, and what is lost is measured (docs/synthesis.md).
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy as np
 import scipy.sparse as sp
@@ -38,6 +38,7 @@ from scipy.sparse.csgraph import dijkstra, maximum_bipartite_matching
 
 from flowride.collectives.demand import Demand
 from flowride.schedule.links import LinkBook
+from flowride.synth.greedy import load_epochs
 from flowride.synth.result import Send
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming
@@ -243,7 +244,8 @@ def matched_alltoall(topo: Topology, demand: Demand, timing: EpochTiming, spread
     return sends
 
 
-def matched_allgather(topo: Topology, demand: Demand, timing: EpochTiming, spread: float = SPREAD) -> list[Send] | None:
+def matched_allgather(topo: Topology, demand: Demand, timing: EpochTiming, spread: float = SPREAD,
+                      outpace: int | None = None) -> list[Send] | None:
     """AllGather on a fabric of groups (nodes, chassis) joined by switches that cannot copy: each
     block crosses to every other group once, to one GPU there, in matched slots, and is spread
     inside each group from whoever holds it.
@@ -254,7 +256,10 @@ def matched_allgather(topo: Topology, demand: Demand, timing: EpochTiming, sprea
     receiver in each group is the one whose way in is least loaded so far (downlinks and
     receivers share the blocks evenly). Inside a group the block goes down the least-link-time
     tree from its holder (a star on a switch, relays on a mesh), each hop once its GPU holds it.
-    None for a topology with fewer than two groups (nothing to cross)."""
+    None for a topology with fewer than two groups (nothing to cross), and, given ``outpace`` (the
+    best schedule's epochs so far), where the links' load alone already takes that long: on MI250,
+    whose chassis are meshes, spreading each block from one holder loads the xGMI links twice what
+    the packed trees do, and placing it would only cost time."""
     gpus = sorted({q.source for q in demand.commodities} | {d for q in demand.commodities for d in q.dests})
     group = {g: topo.nodes[g].group for g in gpus}
     members: dict[object, list[int]] = defaultdict(list)
@@ -284,21 +289,32 @@ def matched_allgather(topo: Topology, demand: Demand, timing: EpochTiming, sprea
             cross.append((q.source, q.chunk, r))
             pairs[q.source][r] = pairs[q.source].get(r, 0) + 1
     routes = lean_routes(topo, timing, pairs, spread)
-    book = LinkBook(timing)
     pieces = [(s, c, _segments(topo, routes[(s, r)])) for s, c, r in cross]
+    holders = [q.source for q in demand.commodities] + [r for _, _, r in cross]
+    plans: dict[int, list[tuple[int, int, list[int]]] | None] = {}
+    for h in set(holders):
+        plans[h] = _group_tree(topo, pred[h], members[group[h]], group, h)
+        if plans[h] is None:
+            return None  # a way between two GPUs of one group leaves it: not a fabric of groups
+    if outpace is not None:  # every send is some GPU's one delivery: the links' load bounds the finish
+        load = np.zeros(len(topo.links))
+        for _, _, segs in pieces:
+            for seg in segs:
+                load[seg] += 1
+        for h, k in Counter(holders).items():
+            for _, _, seg in plans[h]:
+                load[seg] += k
+        if load_epochs(timing, load) >= outpace:
+            return None
+    book = LinkBook(timing)
     sends, arrive = place_pieces(book, timing, pieces)
     # inside each group: from the holder (the source at 0, a receiver when its crossing arrives)
     heap = [(0, q.source, q.chunk, q.source) for q in demand.commodities]
     heap += [(t, s, c, r) for (s, c, r), t in zip(cross, arrive, strict=True)]
     heapq.heapify(heap)
-    plans: dict[int, list[tuple[int, int, list[int]]] | None] = {}
     while heap:
         t, s, c, h = heapq.heappop(heap)
-        if h not in plans:
-            plans[h] = _group_tree(topo, pred[h], members[group[h]], group, h)
         plan = plans[h]
-        if plan is None:
-            return None  # a way between two GPUs of one group leaves it: not a fabric of groups
         held = {h: t}
         for v, u, seg in plan:  # each segment once its GPU holds the chunk, nearest GPUs first
             hops = book.offsets(seg)

@@ -208,7 +208,7 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
 # spread) pair of :func:`tree_sends` and doubling from the farthest distance
 # (:func:`~flowride.synth.greedy.doubling_allgather`), cheapest first in wall time; together they
 # cover bandwidth-bound and latency-bound (shallow trees, log-step doubling) instances.
-TREE_VARIANTS: tuple[tuple[str, float], ...] = (("matched", SPREAD), ("packed-serial", 0.0), ("packed", 0.0), ("shortest", 0.5), ("doubling", 0.0),
+TREE_VARIANTS: tuple[tuple[str, float], ...] = (("packed-serial", 0.0), ("packed", 0.0), ("matched", SPREAD), ("shortest", 0.5), ("doubling", 0.0),
                                                 ("cheapest", 2.0), ("cheapest", 0.5), ("cheapest", 0.1))
 PACKING_SHARE = 0.5  # of the packed variant's time the packing LP may take before its trees are scheduled
 PACKED_SHARE = 0.7  # of the time limit the packed variant may take (the shapes after it are quick)
@@ -290,8 +290,9 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
                 continue
             packed_s += time.perf_counter() - ps
         elif shape == "matched":  # groups joined by switches that cannot copy: each block crosses once per group
-            sends = matched_allgather(topo, demand, timing, spread) if demand.num_deliveries <= MATCHED_MAX_DELIVERIES else None
-            if sends is None:  # one group only, or too many deliveries
+            sends = (matched_allgather(topo, demand, timing, spread, None if best is None else best[0])
+                     if demand.num_deliveries <= MATCHED_MAX_DELIVERIES else None)
+            if sends is None:  # one group only, outpaced by its links' load, or too many deliveries
                 continue
         elif shape == "doubling":  # log2(n) steps of fewest-epoch transfers: few hops for small sizes
             sends = doubling_allgather(topo, demand, timing, deadline) if demand.num_deliveries <= DOUBLING_MAX_DELIVERIES else None
