@@ -229,3 +229,19 @@ def test_a800_reducescatter_through_the_reversal():
     out = synthesize(topo, "reducescatter", 10**9, "fast", 8, 30, method="trees", nccl=False)
     r = out.report()
     assert r["verified"] and r["ratio_to_lower_bound"] <= 1.08
+
+
+def test_matched_allgather_steps_aside_where_its_load_is_outpaced():
+    """MI250's chassis are meshes: spreading each block from one holder loads the xGMI links more
+    than the packed trees do, so given their epochs as ``outpace`` the construction declines before
+    placing anything; without it, the schedule it would have placed is indeed no sooner."""
+    from flowride.synth.matched import matched_allgather
+    from flowride.synth.trees import packed_sends
+
+    topo = mi250(2)
+    demand = make_demand(topo, "allgather", 10**9, 8)
+    timing = epoch_timing(topo, demand.chunk_bytes, "fast")
+    packed = simulate(Schedule.from_tuples(topo, demand, timing.tau, packed_sends(topo, demand, timing, 60.0)))
+    assert matched_allgather(topo, demand, timing, outpace=int(packed.epochs)) is None
+    placed = simulate(Schedule.from_tuples(topo, demand, timing.tau, matched_allgather(topo, demand, timing)))
+    assert placed.valid and placed.epochs >= packed.epochs

@@ -273,19 +273,32 @@ def matched_allgather(topo: Topology, demand: Demand, timing: EpochTiming, sprea
     w = hold + 1e-3 * (timing.hop_delay + 1)
     _, pred = dijkstra(sp.csr_matrix((w, (src, dst)), shape=(n, n)), directed=True, return_predecessors=True)
     # the crossings: each (source, chunk) to one GPU of every other group, the least loaded way in
-    into_load = np.zeros(len(topo.links))
-    got = dict.fromkeys(gpus, 0)
+    way = {(u, v): _walk(topo, pred[u], u, v) for u in gpus for v in gpus if group[u] != group[v]}
+    pad = len(topo.links)  # a padded route index reads a link with no load
+    into_load = np.zeros(pad + 1)
+    ways: dict[tuple[int, object], np.ndarray] = {}  # (source, group): its members' routes, one row each
+    for u in gpus:
+        for gid, ms in members.items():
+            if gid != group[u]:
+                rows = [way[(u, g)] for g in ms]
+                m = np.full((len(ms), max(map(len, rows))), pad, dtype=np.int64)
+                for i, r in enumerate(rows):
+                    m[i, : len(r)] = r
+                ways[(u, gid)] = m
+    got = {gid: np.zeros(len(ms)) for gid, ms in members.items()}
+    hold_p = np.append(hold, 0.0)
     cross: list[tuple[int, int, int]] = []  # (source, chunk, receiver)
     pairs: dict[int, dict[int, int]] = defaultdict(dict)
-    way = {(u, v): _walk(topo, pred[u], u, v) for u in gpus for v in gpus if group[u] != group[v]}
     for q in sorted(demand.commodities, key=lambda q: (q.chunk, q.source)):
         for gid, ms in members.items():
             if gid == group[q.source]:
                 continue
-            r = min(ms, key=lambda g: (max(into_load[way[(q.source, g)]]), got[g], g))
-            links = way[(q.source, r)]
-            into_load[links] += hold[links]
-            got[r] += 1
+            m = ways[(q.source, gid)]
+            cost = into_load[m].max(axis=1)  # the busiest link on each member's way in so far
+            i = int(np.lexsort((got[gid], cost))[0])  # then the fewest blocks received, then the lowest id
+            into_load[m[i]] += hold_p[m[i]]
+            got[gid][i] += 1
+            r = ms[i]
             cross.append((q.source, q.chunk, r))
             pairs[q.source][r] = pairs[q.source].get(r, 0) + 1
     routes = lean_routes(topo, timing, pairs, spread)
