@@ -1,4 +1,4 @@
-"""AlltoAll in matched rounds: the slow links of a fabric kept busy every slot (König's theorem).
+"""Collectives in matched rounds: the slow links of a fabric kept busy every slot (König's theorem).
 
 On a fabric whose GPUs share slow NIC links through switches that cannot buffer (MI250's NIC
 switches, one per two GCDs; an A800 Clos with one NIC per two GPUs), a chunk crossing the fabric
@@ -25,6 +25,10 @@ the bipartite picture fits the fabric (each chunk's slow links conflict only thr
 downlink: MI250's NIC switches) the schedule meets the busiest link's load exactly, plus one path's
 latency; where it does not (a Clos, whose spines are a third shared link), the LinkBook moves the
 chunks that collide, and what is lost is measured (docs/synthesis.md).
+
+The same slots carry an AllGather's crossings between groups (:func:`matched_allgather`): without
+copies in the fabric each block must cross to every other group once, which is what the cut
+bound counts.
 """
 
 from __future__ import annotations

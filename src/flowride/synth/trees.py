@@ -204,12 +204,14 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
 
 # Tree shapes tried by :func:`synthesize_trees`: first the trees packed to the throughput optimum
 # (:mod:`flowride.synth.packing`), scheduled by :mod:`flowride.synth.forest` each transfer once in
-# priority order (quick), then in time order (better where links are contended), then each (shape,
-# spread) pair of :func:`tree_sends` and doubling from the farthest distance
+# priority order (quick), then in time order (better where links are contended), then, on a fabric
+# of groups, each block across once per group in matched slots
+# (:func:`~flowride.synth.matched.matched_allgather`), then each (shape, spread) pair of
+# :func:`tree_sends` and doubling from the farthest distance
 # (:func:`~flowride.synth.greedy.doubling_allgather`), cheapest first in wall time; together they
 # cover bandwidth-bound and latency-bound (shallow trees, log-step doubling) instances.
-TREE_VARIANTS: tuple[tuple[str, float], ...] = (("packed-serial", 0.0), ("packed", 0.0), ("matched", SPREAD), ("shortest", 0.5), ("doubling", 0.0),
-                                                ("cheapest", 2.0), ("cheapest", 0.5), ("cheapest", 0.1))
+TREE_VARIANTS: tuple[tuple[str, float], ...] = (("packed-serial", 0.0), ("packed", 0.0), ("matched", SPREAD), ("shortest", 0.5),
+                                                ("doubling", 0.0), ("cheapest", 2.0), ("cheapest", 0.5), ("cheapest", 0.1))
 PACKING_SHARE = 0.5  # of the packed variant's time the packing LP may take before its trees are scheduled
 PACKED_SHARE = 0.7  # of the time limit the packed variant may take (the shapes after it are quick)
 PACKED_AFTER_SHARE = 0.85  # with a schedule in hand: the shapes after it are boxed by what it takes
