@@ -313,7 +313,9 @@ def matched_allgather(topo: Topology, demand: Demand, timing: EpochTiming, sprea
         plans[h] = _group_tree(topo, pred[h], members[group[h]], group, h)
         if plans[h] is None:
             return None  # a way between two GPUs of one group leaves it: not a fabric of groups
-    if outpace is not None:  # every send is some GPU's one delivery: the links' load bounds the finish
+    if outpace is not None:  # each send is some GPU's one delivery, so the links' load bounds the finish
+        # (a crossing relayed through a GPU may reach it twice; then the check may decline a
+        # schedule that would have won, never pass a wrong one: it only skips work)
         load = np.zeros(len(topo.links))
         for _, _, segs in pieces:
             for seg in segs:
