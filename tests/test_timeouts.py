@@ -26,9 +26,10 @@ def test_milp_time_limit_returns_best_verified_schedule_with_gap():
 
 
 def test_lp_route_proves_what_the_milp_cannot():
-    """The same instance through the LP route (auto picks it for AlltoAll): proven minimal."""
+    """The same instance through the LP route (auto picks it for AlltoAll): proven minimal, by the
+    LP or by its first step, the matched rounds, meeting the epoch bound outright."""
     rep = synthesize(dgx1(), "alltoall", 64_000_000, "fast", time_limit=60).report()
-    assert rep["method"] == "lp" and rep["status"] == "optimal" and rep["verified"]
+    assert rep["method"] in ("lp", "matched") and rep["status"] == "optimal" and rep["verified"]
     assert rep["epochs"] == rep["epoch_lower_bound"]
 
 
