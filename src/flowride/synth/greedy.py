@@ -30,9 +30,14 @@ def _routes(topo: Topology, timing: EpochTiming) -> np.ndarray:
 
 
 def _path_links(topo: Topology, pred: np.ndarray, u: int, v: int) -> list[int]:
+    return walk_links(topo, pred[u], u, v)
+
+
+def walk_links(topo: Topology, pred_u: np.ndarray, u: int, v: int) -> list[int]:
+    """The links from u to v along ``pred_u``, u's row of a Dijkstra predecessor matrix."""
     nodes = [v]
     while nodes[-1] != u:
-        p = int(pred[u, nodes[-1]])
+        p = int(pred_u[nodes[-1]])
         if p < 0:
             raise ValueError(f"no path {u}->{v}")
         nodes.append(p)

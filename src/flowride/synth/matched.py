@@ -42,7 +42,7 @@ from scipy.sparse.csgraph import dijkstra, maximum_bipartite_matching
 
 from flowride.collectives.demand import Demand
 from flowride.schedule.links import LinkBook
-from flowride.synth.greedy import load_epochs
+from flowride.synth.greedy import load_epochs, walk_links
 from flowride.synth.result import Send
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming
@@ -139,18 +139,13 @@ def lean_routes(topo: Topology, timing: EpochTiming, pairs: dict[int, dict[int, 
     then share the load instead of one shortest-path tree taking them all. At 1% a longer route
     (out through the NICs and back, or over a neighbour's NIC) is never taken to spread load; at
     100% it may be (MI250 x 2: from the bound to 1.5x; A800 Clos: 1.057 to 1.006)."""
-    n = topo.num_nodes
-    src, dst = topo.link_ends
     hold = _hold(timing)
-    tie = 1e-3 * (timing.hop_delay + 1)
     busy = np.zeros(len(topo.links))
     routes: dict[tuple[int, int], list[int]] = {}
     for s in sorted(pairs):
-        w = hold * (1.0 + spread * busy / max(1.0, float(busy.max()))) + tie
-        _, pred = dijkstra(sp.csr_matrix((w, (src, dst)), shape=(n, n)), directed=True, indices=s,
-                           return_predecessors=True)
+        pred = _lean_pred(topo, timing, hold * spread * busy / max(1.0, float(busy.max())), s)
         for d, k in pairs[s].items():
-            links = _walk(topo, pred, s, d)
+            links = walk_links(topo, pred, s, d)
             routes[(s, d)] = links
             np.add.at(busy, links, hold[links] * k)
     return routes
@@ -161,15 +156,15 @@ def _hold(timing: EpochTiming) -> np.ndarray:
     return ((timing.beta_epochs + 1) / np.maximum(timing.window_cap, 1)).astype(np.float64)
 
 
-def _walk(topo: Topology, pred: np.ndarray, s: int, d: int) -> list[int]:
-    """The links from s to d along a predecessor row of s."""
-    nodes = [d]
-    while nodes[-1] != s:
-        p = int(pred[nodes[-1]])
-        if p < 0:
-            raise ValueError(f"no path {s}->{d}")
-        nodes.append(p)
-    return [topo.link_index[(a, b)] for a, b in zip(nodes[::-1], nodes[-2::-1], strict=False)]
+def _lean_pred(topo: Topology, timing: EpochTiming, extra: np.ndarray | None = None, source: int | None = None) -> np.ndarray:
+    """Dijkstra predecessors under the link-time weights (plus ``extra`` per link), ties to fewer
+    epochs of delay: all sources, or one (``source``: its row)."""
+    n = topo.num_nodes
+    src, dst = topo.link_ends
+    w = _hold(timing) + 1e-3 * (timing.hop_delay + 1) + (0.0 if extra is None else extra)
+    _, pred = dijkstra(sp.csr_matrix((w, (src, dst)), shape=(n, n)), directed=True, indices=source,
+                       return_predecessors=True)
+    return pred
 
 
 Piece = tuple[int, int, list[list[int]]]  # (source, chunk, the route's segments)
@@ -207,19 +202,18 @@ def matched_slots(timing: EpochTiming, pieces: list[Piece]) -> tuple[int, dict[t
     return S, dict(zip(colored, slots.tolist(), strict=True))
 
 
-def place_pieces(book: LinkBook, timing: EpochTiming, pieces: list[Piece], ready: list[int] | None = None
-                 ) -> tuple[list[Send], list[int]]:
+def place_pieces(book: LinkBook, timing: EpochTiming, pieces: list[Piece]) -> tuple[list[Send], list[int]]:
     """Sends for ``pieces``, slot by slot (:func:`matched_slots`), the pieces that never touch a
     slow link after them: a coloured segment at its slot's start where every hop fits there, else
-    (and every other segment) at the earliest start that fits once it is held. ``ready``: the epoch
-    each piece's source GPU holds it (0 without). Returns the sends and each piece's arrival."""
+    (and every other segment) at the earliest start that fits once it is held (each source holds
+    its pieces from epoch 0). Returns the sends and each piece's arrival."""
     S, slot_of = matched_slots(timing, pieces)
     first = [min((slot_of.get((p, j), 1 << 40) for j in range(len(segs))), default=0) for p, (_, _, segs) in enumerate(pieces)]
     sends: list[Send] = []
     arrive = [0] * len(pieces)
     for p in sorted(range(len(pieces)), key=first.__getitem__):
         s, c, segs = pieces[p]
-        at = 0 if ready is None else ready[p]
+        at = 0
         for j, seg in enumerate(segs):
             hops = book.offsets(seg)
             t = slot_of.get((p, j))
@@ -272,12 +266,9 @@ def matched_allgather(topo: Topology, demand: Demand, timing: EpochTiming, sprea
     if len(members) < 2 or None in members:
         return None
     hold = _hold(timing)
-    n = topo.num_nodes
-    src, dst = topo.link_ends
-    w = hold + 1e-3 * (timing.hop_delay + 1)
-    _, pred = dijkstra(sp.csr_matrix((w, (src, dst)), shape=(n, n)), directed=True, return_predecessors=True)
+    pred = _lean_pred(topo, timing)
     # the crossings: each (source, chunk) to one GPU of every other group, the least loaded way in
-    way = {(u, v): _walk(topo, pred[u], u, v) for u in gpus for v in gpus if group[u] != group[v]}
+    way = {(u, v): walk_links(topo, pred[u], u, v) for u in gpus for v in gpus if group[u] != group[v]}
     pad = len(topo.links)  # a padded route index reads a link with no load
     into_load = np.zeros(pad + 1)
     ways: dict[tuple[int, object], np.ndarray] = {}  # (source, group): its members' routes, one row each
@@ -356,7 +347,7 @@ def _group_tree(topo: Topology, pred_h: np.ndarray, ms: list[int], group: dict[i
         if g == h:
             continue
         at = h
-        for i, seg in enumerate(_segments(topo, _walk(topo, pred_h, h, g))):
+        for i, seg in enumerate(_segments(topo, walk_links(topo, pred_h, h, g))):
             v = topo.links[seg[-1]].dst
             if group.get(v) != group[h]:
                 return None
