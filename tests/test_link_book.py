@@ -81,6 +81,27 @@ def test_place_takes_every_hop_at_the_first_common_fit(hops_in, ready):
         assert after == want
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 40)), min_size=1, max_size=4), st.integers(0, 30),
+       st.lists(st.tuples(st.integers(0, 3), st.integers(0, 60)), max_size=30))
+def test_blocked_is_none_exactly_when_a_path_fits_now_else_a_lower_bound(hops_in, ready, load):
+    """``blocked`` lets the list schedulers turn a transfer away without a whole placement: it
+    must say "fits now" exactly when :meth:`place` would start at ``ready``, and otherwise never
+    name a start past the first one :meth:`place` finds (a later one could skip a free slot)."""
+    book = LinkBook(_timing())
+    for li, k in load:
+        book.take(li, book.next_fit(li, k))
+    hops = list({li: (li, off % 10) for li, off in hops_in}.values())  # one hop per link (a path)
+    later = book.blocked(hops, ready)
+    before = [[book.count(li, e) for e in range(200)] for li in range(len(B))]
+    k = book.place(hops, ready)
+    assert [[book.count(li, e) for e in range(200)] for li in range(len(B))] != before  # place took them
+    if later is None:
+        assert k == ready
+    else:
+        assert ready < later <= k
+
+
 def test_orbit_placement_is_the_full_schedule_of_its_images():
     """MI250 x2 has a shift symmetry of 4 elements that fixes none of its links: the reps'
     transfers placed with all their images verify as a whole AllGather."""

@@ -185,6 +185,19 @@ class LinkBook:
             k += max(1, self.next_fit(li, k + off) - (k + off))
         return None
 
+    def blocked(self, hops: Sequence[tuple[int, int]], k: int) -> int | None:
+        """None where one more chunk fits on every hop at start k (nothing is taken; a path that
+        crosses a link twice may still not fit: :meth:`place` decides), else a start after k
+        before which none fits: the first full hop's next epoch with room. A list scheduler that
+        retries a transfer each time its turn comes asks this first: a transfer queued behind a
+        busy link is turned away by one look at that link, not by a whole :meth:`place` that
+        takes and gives back every hop (on a saturated link most turns are turned away)."""
+        for li, off in hops:
+            e = k + off
+            if not self.fits(li, e):
+                return k + max(1, self.next_fit(li, e) - e)
+        return None
+
     def take(self, link: int, k: int) -> None:
         row = self._rows.get(link)
         if row is None or k >= len(row):
@@ -264,6 +277,10 @@ class OrbitBook:
     def place(self, hops: Sequence[tuple[int, int]], ready: int, until: int | None = None) -> int | None:
         """As :meth:`LinkBook.place`, for ``hops`` and all their images."""
         return self.book.place(self._map(hops), ready, until)
+
+    def blocked(self, hops: Sequence[tuple[int, int]], k: int) -> int | None:
+        """As :meth:`LinkBook.blocked`, for ``hops`` and all their images."""
+        return self.book.blocked(self._map(hops), k)
 
     def release(self, link: int, k: int) -> None:
         for _ in range(self._mult[link]):

@@ -286,36 +286,45 @@ def _forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing,
         u = units[i]
         branches = u.branches if left is None else left
         hops = mv.hops(u.hops(branches))
-        k = book.place(hops, start)
-        if k == start:
-            commit(s, c, k, hops, u.all_reached(branches))
-            continue
-        for li, off in hops:
-            book.release(li, k + off)
-        prefix = mv.hops(u.prefix)
-        kp = book.place(prefix, start) if split and u.splittable else None
-        if kp is not None and kp != start:
+        splittable = split and u.splittable
+        prefix = mv.hops(u.prefix) if splittable else hops
+        # A turn that cannot start goes back in the queue at the first start its blocking hop
+        # allows: one look at the hops, nothing taken (on a saturated link most turns end so).
+        # A transfer that may go to some children now and the rest later needs its way to the
+        # switch free now, and then the children whose subtrees have room.
+        later = book.blocked(prefix, start)
+        whole = later if later is not None or not splittable else book.blocked(hops, start)
+        if whole is None:
+            k = book.place(hops, start)
+            if k == start:
+                commit(s, c, k, hops, u.all_reached(branches))
+                continue
+            for li, off in hops:  # a link crossed twice: its start is later
+                book.release(li, k + off)
+            later = k
+        elif later is None:  # the way to the switch is free now, some child's subtree is not
+            kp = book.place(prefix, start)
+            if kp == start:
+                now = []  # the children whose whole subtree has room now
+                for br in branches:
+                    bh = mv.hops(br[0])
+                    if book.blocked(bh, start) is None:
+                        kb = book.place(bh, start)
+                        if kb == start:
+                            now.append((br, bh))
+                            continue
+                        for li, off in bh:  # undo a probe that had to move on
+                            book.release(li, kb + off)
+                if now:
+                    rest = [br for br in branches if all(br is not b for b, _ in now)]
+                    commit(s, c, start, prefix + [h for _, bh in now for h in bh], [r for (_, got), _ in now for r in got])
+                    heapq.heappush(heap, (start + 1, p1, p2, seq, s, c, i, rest))
+                    seq += 1
+                    continue
             for li, off in prefix:
                 book.release(li, kp + off)
-        elif kp is not None:
-            now = []  # the children whose whole subtree has room now
-            for br in branches:
-                bh = mv.hops(br[0])
-                kb = book.place(bh, start)
-                if kb == start:
-                    now.append((br, bh))
-                else:  # undo a probe that had to move on
-                    for li, off in bh:
-                        book.release(li, kb + off)
-            if now:
-                rest = [br for br in branches if all(br is not b for b, _ in now)]
-                commit(s, c, start, prefix + [h for _, bh in now for h in bh], [r for (_, got), _ in now for r in got])
-                heapq.heappush(heap, (start + 1, p1, p2, seq, s, c, i, rest))
-                seq += 1
-                continue
-            for li, off in prefix:
-                book.release(li, start + off)
-        heapq.heappush(heap, (k, p1, p2, seq, s, c, i, left))
+            later = whole
+        heapq.heappush(heap, (later, p1, p2, seq, s, c, i, left))
         seq += 1
     if orbit:
         node, link = images.node.tolist(), images.link.tolist()
