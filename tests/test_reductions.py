@@ -840,3 +840,34 @@ def test_reversed_twice_is_the_identity(topo):
     ar = lower_bounds(topo, make_demand(topo, "allreduce", 10**6))
     fwd = lower_bounds(topo, make_demand(topo, "allgather", 10**6))
     assert ar.best_s == pytest.approx(max(rs.best_s, fwd.best_s))
+
+
+@pytest.mark.parametrize("coll", ["reducescatter", "allreduce"])
+def test_reduction_baseline_is_the_reversed_ring_it_reuses(coll):
+    """The reduction reverses the ring its AllGather synthesis already built rather than building
+    it again: the reported baseline is still exactly the reversed ring's replay."""
+    topo = dgx1()
+    out = synthesize(topo, coll, 8 << 20, "fast", 2, 10)
+    d = make_demand(topo, Collective.ALLGATHER, 8 << 20, 2)
+    timing = epoch_timing(topo, d.chunk_bytes, out.sim.tau)
+    ring = Schedule.from_tuples(topo, d, timing.tau, baseline_sends(topo, d, timing)[1])
+    want = reduce_scatter_from_allgather(ring) if coll == "reducescatter" else allreduce_from_allgather(ring)
+    assert out.baseline.epochs == simulate(want).epochs
+    assert out.baseline.finish_time_s == pytest.approx(simulate(want).finish_time_s)
+
+
+def test_pruning_a_pruned_schedule_gives_it_back():
+    """A reduction prunes the AllGather its synthesis pruned: the second pruning is the same
+    object (no replay), and pruning it from scratch removes nothing more."""
+    topo = ring(4)
+    d = make_demand(topo, Collective.ALLGATHER, 4 << 20, 1)
+    timing = epoch_timing(topo, d.chunk_bytes, TAU)
+    sends = baseline_sends(topo, d, timing)[1]
+    # a redundant copy: GPU 0's chunk sent to GPU 1 again, after it is held there
+    extra = (max(s[0] for s in sends) + 5, next(i for i, lk in enumerate(topo.links) if (lk.src, lk.dst) == (0, 1)), 0, 0)
+    sched = Schedule.from_tuples(topo, d, timing.tau, sends + [extra])
+    once = prune_redundant(sched)
+    assert len(once.sends) == len(sends) and simulate(once).valid
+    assert prune_redundant(once) is once
+    fresh = Schedule.from_tuples(topo, d, timing.tau, [(s.epoch, s.link, s.source, s.chunk) for s in once.sends])
+    assert len(prune_redundant(fresh).sends) == len(once.sends)

@@ -30,6 +30,9 @@ class SynthOutcome:
     nccl: NcclModel | None = None  # NCCL's algorithms on the same model (flowride.synth.nccl)
     chunks_requested: int | str = 1  # a count, or "auto" (the search chose: chunk_search)
     chunk_search: list[dict] = field(default_factory=list)  # what --chunks auto tried, in order
+    # the baseline's own schedule where the synthesis built one (a reduction reverses it rather
+    # than building the same ring again)
+    baseline_schedule: Schedule | None = field(default=None, repr=False)
 
     @property
     def finish_time_s(self) -> float:

@@ -26,6 +26,15 @@ def _allgather(topo: Topology, demand: Demand, opts: SynthOptions, progress: Pro
     return synthesize_one(topo, ag, opts.for_demand(ag), Clock(opts.time_limit), progress)
 
 
+def _baseline(ag: SynthOutcome, topo: Topology, timing) -> Schedule:
+    """The AllGather's baseline schedule at ``timing``: the one its synthesis built and measured
+    where it is at these epochs and chunks (the ring costs seconds at many chunks), else built."""
+    base = ag.baseline_schedule
+    if base is not None and base.topology is topo and base.tau == timing.tau and base.chunks == ag.demand.chunks:
+        return base
+    return Schedule.from_tuples(topo, ag.demand, timing.tau, baseline_sends(topo, ag.demand, timing)[1], {"method": ag.baseline_name})
+
+
 def symmetric(topo: Topology) -> bool:
     """Every link has a way back with the same bandwidth and latency."""
     idx = topo.link_index
@@ -64,7 +73,7 @@ def synthesize_reduction(topo: Topology, demand: Demand, opts: SynthOptions, pro
     if not sim.valid:
         raise AssertionError(f"reduction schedule failed verification: {sim.first_violation}")
     timing = rev.schedule.timing
-    rev_base = Schedule.from_tuples(rev_topo, rev.demand, timing.tau, baseline_sends(rev_topo, rev.demand, timing)[1], {"method": rev.baseline_name})
+    rev_base = _baseline(rev, rev_topo, timing)
     fwd_base = rev_base
     if is_ar and not same:
         fwd_base = Schedule.from_tuples(topo, fwd.demand, timing.tau, baseline_sends(topo, fwd.demand, fwd.schedule.timing)[1], {"method": fwd.baseline_name})

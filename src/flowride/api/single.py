@@ -300,5 +300,5 @@ def _measure(inst: _Instance, found: _Found, opts: SynthOptions, clock: Clock) -
          "objective": getattr(search, "objective", "makespan")}
     )
     return SynthOutcome(sched, sim, demand, inst.bounds, inst.base_name, inst.base_sim, search, inst.epoch_bounds, status,
-                        clock.elapsed())
+                        clock.elapsed(), baseline_schedule=inst.base_sched)
 
