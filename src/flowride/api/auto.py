@@ -88,9 +88,9 @@ def synthesize_auto(topo: Topology, collective: Collective, size_bytes: int, opt
     def one(chunks: int, method: str, budget: float | None, incumbent: tuple = (), base: SynthOptions = opts) -> SynthOutcome:
         d = make_demand(topo, coll, size_bytes, chunks)
         o = replace(base, method=method, time_limit=budget).for_demand(d)
-        out = synthesize_reduction(topo, d, o, progress, Clock(budget)) if coll.reduces else synthesize_one(topo, d, o, Clock(budget), progress, incumbent)
-        out.baseline_schedule = None  # every count's outcome is kept: not its baseline's sends too
-        return out
+        if coll.reduces:
+            return synthesize_reduction(topo, d, o, progress, Clock(budget))
+        return synthesize_one(topo, d, o, Clock(budget), progress, incumbent)
 
     tried: list[dict] = []
     swept: list[SynthOutcome] = []

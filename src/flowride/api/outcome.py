@@ -30,8 +30,8 @@ class SynthOutcome:
     nccl: NcclModel | None = None  # NCCL's algorithms on the same model (flowride.synth.nccl)
     chunks_requested: int | str = 1  # a count, or "auto" (the search chose: chunk_search)
     chunk_search: list[dict] = field(default_factory=list)  # what --chunks auto tried, in order
-    # the baseline's own schedule where the synthesis built one (a reduction reverses it rather
-    # than building the same ring again)
+    # the baseline's own schedule, kept only where asked (a reduction reverses it rather than
+    # building the same ring again; elsewhere it would double what an outcome holds)
     baseline_schedule: Schedule | None = field(default=None, repr=False)
 
     @property

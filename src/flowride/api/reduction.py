@@ -23,7 +23,7 @@ from flowride.topology.timing import epoch_timing
 
 def _allgather(topo: Topology, demand: Demand, opts: SynthOptions, progress: Progress | None) -> SynthOutcome:
     ag = make_demand(topo, Collective.ALLGATHER, demand.size_bytes, demand.chunks)
-    return synthesize_one(topo, ag, opts.for_demand(ag), Clock(opts.time_limit), progress)
+    return synthesize_one(topo, ag, opts.for_demand(ag), Clock(opts.time_limit), progress, keep_baseline=True)
 
 
 def _baseline(ag: SynthOutcome, topo: Topology, timing) -> Schedule:

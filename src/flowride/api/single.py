@@ -33,9 +33,10 @@ MEASURE_SECONDS_PER_SEND = 20e-6  # pruning and replaying the winner, per send, 
 
 
 def synthesize_one(topo: Topology, demand: Demand, opts: SynthOptions, clock: Clock, progress: Progress | None = None,
-                   warm: tuple[Schedule, ...] = ()) -> SynthOutcome:
+                   warm: tuple[Schedule, ...] = (), keep_baseline: bool = False) -> SynthOutcome:
     """Model, search, verify and measure ``demand`` (already checked against ``opts``). ``warm``:
-    schedules of the same collective on ``topo`` at other sizes, retimed and offered as incumbents."""
+    schedules of the same collective on ``topo`` at other sizes, retimed and offered as incumbents.
+    ``keep_baseline``: the outcome keeps the baseline's schedule too (a reduction reverses it)."""
     inst = _model(topo, demand, opts, clock, progress)
     search_clock = clock
     if clock.limit is not None:  # keep what verifying and measuring the winner will take (the baseline's size, about)
@@ -49,7 +50,10 @@ def synthesize_one(topo: Topology, demand: Demand, opts: SynthOptions, clock: Cl
         reserve = min(0.3 * clock.left(), per_send * sends)
         search_clock = Clock(max(1e-3, clock.left() - reserve))
     found = _search(inst, opts, search_clock, _in_time(progress, inst.timing.tau), warm)
-    return _measure(inst, found, opts, clock)
+    out = _measure(inst, found, opts, clock)
+    if keep_baseline:
+        out.baseline_schedule = inst.base_sched
+    return out
 
 
 def level(topo: Topology, demand: Demand, opts: SynthOptions) -> SynthOutcome:
@@ -300,5 +304,5 @@ def _measure(inst: _Instance, found: _Found, opts: SynthOptions, clock: Clock) -
          "objective": getattr(search, "objective", "makespan")}
     )
     return SynthOutcome(sched, sim, demand, inst.bounds, inst.base_name, inst.base_sim, search, inst.epoch_bounds, status,
-                        clock.elapsed(), baseline_schedule=inst.base_sched)
+                        clock.elapsed())
 
