@@ -854,20 +854,3 @@ def test_reduction_baseline_is_the_reversed_ring_it_reuses(coll):
     want = reduce_scatter_from_allgather(ring) if coll == "reducescatter" else allreduce_from_allgather(ring)
     assert out.baseline.epochs == simulate(want).epochs
     assert out.baseline.finish_time_s == pytest.approx(simulate(want).finish_time_s)
-
-
-def test_pruning_a_pruned_schedule_gives_it_back():
-    """A reduction prunes the AllGather its synthesis pruned: the second pruning is the same
-    object (no replay), and pruning it from scratch removes nothing more."""
-    topo = ring(4)
-    d = make_demand(topo, Collective.ALLGATHER, 4 << 20, 1)
-    timing = epoch_timing(topo, d.chunk_bytes, TAU)
-    sends = baseline_sends(topo, d, timing)[1]
-    # a redundant copy: GPU 0's chunk sent to GPU 1 again, after it is held there
-    extra = (max(s[0] for s in sends) + 5, next(i for i, lk in enumerate(topo.links) if (lk.src, lk.dst) == (0, 1)), 0, 0)
-    sched = Schedule.from_tuples(topo, d, timing.tau, sends + [extra])
-    once = prune_redundant(sched)
-    assert len(once.sends) == len(sends) and simulate(once).valid
-    assert prune_redundant(once) is once
-    fresh = Schedule.from_tuples(topo, d, timing.tau, [(s.epoch, s.link, s.source, s.chunk) for s in once.sends])
-    assert len(prune_redundant(fresh).sends) == len(once.sends)

@@ -9,7 +9,6 @@ pruned schedule is valid whenever the original was, with the same finish time.
 
 from __future__ import annotations
 
-import weakref
 from collections import defaultdict
 
 import networkx as nx
@@ -56,22 +55,7 @@ def drop_switch_cycles(schedule: Schedule) -> Schedule:
     return Schedule(schedule.topology, schedule.collective, schedule.size_bytes, schedule.chunks, schedule.tau, kept, dict(schedule.meta))
 
 
-# schedules this module returned, by id: pruning one again gives it back as it is (a reduction
-# prunes the AllGather the synthesis pruned already; each pruning replays the whole schedule)
-_PRUNED: weakref.WeakValueDictionary[int, Schedule] = weakref.WeakValueDictionary()
-
-
 def prune_redundant(schedule: Schedule) -> Schedule:
-    """``schedule`` without the sends no demand needs (see the module); the same object when it
-    came from here (sends are never changed in place)."""
-    if _PRUNED.get(id(schedule)) is schedule:
-        return schedule
-    out = _prune(schedule)
-    _PRUNED[id(out)] = out
-    return out
-
-
-def _prune(schedule: Schedule) -> Schedule:
     schedule = drop_switch_cycles(schedule)
     sim = simulate(schedule)
     if not sim.valid:
