@@ -76,7 +76,7 @@ def synthesize_reduction(topo: Topology, demand: Demand, opts: SynthOptions, pro
     rev_base = _baseline(rev, rev_topo, timing)
     fwd_base = rev_base
     if is_ar and not same:
-        fwd_base = Schedule.from_tuples(topo, fwd.demand, timing.tau, baseline_sends(topo, fwd.demand, fwd.schedule.timing)[1], {"method": fwd.baseline_name})
+        fwd_base = _baseline(fwd, topo, fwd.schedule.timing)
     base_sim = simulate(build(rev_base, fwd_base))
     bounds = lower_bounds(topo, demand, timing=epoch_timing(topo, demand.chunk_bytes, sim.tau))
     exact = not is_ar and not topo.switches and rev.status == "optimal" and sim.epochs == rev.sim.epochs
