@@ -44,6 +44,7 @@ from flowride.synth.rows import Infeasible
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming, epoch_timing
 
+INTEGRAL_LP_FACTOR = 2.0  # an integral solve is tried with at least this many times the LP's time
 POLISH_SECONDS = 10.0  # the integral polish without a time limit (with one: the budget)
 
 
@@ -324,7 +325,11 @@ class _LpRun:
             budget = end - time.perf_counter()
             if self.time_limit is not None:
                 budget = min(budget, self.left())
-            if budget <= lvl.lp_seconds:  # its root LP alone would not fit (HiGHS overruns then)
+            # the MIP presolves (probing: as long as the LP itself on h800 x 2's AlltoAll), then
+            # solves its root LP before any point can be found, and HiGHS checks its time limit
+            # coarsely in both: with less than twice the LP's time it found nothing and overran
+            # (3.6 s given, 4.8 s taken)
+            if budget <= INTEGRAL_LP_FACTOR * lvl.lp_seconds:
                 return
             self.report("integral", T=T, pieces=lvl.pieces, best=lvl.best.T, lower=lvl.lower)
             outcome, idx, x, probe, secs = integral_flow(self.topo, lvl.demand, lvl.timing, T, lvl.D, budget)
@@ -465,8 +470,9 @@ def synthesize_lp(
         Dk = epoch_distances(topo, tk)
         lvl = _Level(k, dk, tk, Dk, max(epoch_lower_bound(topo, dk, tk, Dk).values()))
         run.realize(lvl, paths, k, None, loss)  # the whole-chunk paths, k pieces per unit of flow
-        hzk = run.lp_search(lvl, None if lvl.best is None else lvl.best.T, hz.T)
-        if hzk.T is not None:
+        # the pieces' own LP, unless the whole-chunk paths cut in pieces already meet its bound
+        hzk = run.lp_search(lvl, None if lvl.best is None else lvl.best.T, hz.T) if lvl.open else None
+        if hzk is not None and hzk.T is not None:
             pk = decompose_flow(topo, tk, hzk.idx, hzk.x)
             run.realize(lvl, pk, 1, hzk.T, rounding_loss(pk, {pair: n * k for pair, n in need.items()}, 1))
         if lvl.best is not None:
