@@ -96,7 +96,7 @@ def _reverse_links(ag: Schedule, target: Topology, path: tuple[int, ...]) -> lis
     return out
 
 
-def _place(book: LinkBook, timing, path: list[int], ready: int, busy: set, key: tuple[int, int]) -> list[int]:
+def place_path(book: LinkBook, timing, path: list[int], ready: int, busy: set, key: tuple[int, int]) -> list[int]:
     """Earliest start >= ready where every hop fits; a switch hop goes out the epoch it arrives.
     Two partials of one chunk never meet at a switch in one epoch, so which one leaves on which
     link is never in doubt."""
@@ -122,7 +122,7 @@ def reduce_scatter_sends(ag: Schedule, target: Topology) -> tuple[list[Send], di
     for h in sorted(hops, key=lambda h: (-h.held, h.source, h.chunk, h.gpu)):
         path = _reverse_links(ag, target, h.links)
         start = ready.get((h.source, h.chunk, h.gpu), 0)
-        epochs = _place(book, timing, path, start, busy, (h.source, h.chunk))
+        epochs = place_path(book, timing, path, start, busy, (h.source, h.chunk))
         for li, e in zip(path, epochs, strict=True):
             sends.append(Send(e, li, h.source, h.chunk, True))
         arrive = timing.arrival(path[-1], epochs[-1])
