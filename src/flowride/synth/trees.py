@@ -338,11 +338,12 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
             break
     if best is None:  # the time ran out before any shape was whole: the caller keeps its baseline
         return SearchResult(None, 1 << 60, lower, True, probes, solver_seconds=time.perf_counter() - t0)
-    if best[0] > lower:
-        # the best shape placed again backwards and forwards (:mod:`flowride.synth.justify`), where
-        # it would take no more than the shapes' box and fits the limit: at 1 MB it packs the tail
-        # of latency-bound trees (MI250 x 4: 1.394 -> 1.295 the bound); at 1 GB it gains little
-        # for what it costs (0.2% in 10 s), and that time is the next chunk count's
+    if best[0] > lower and timing.alpha_epochs.max() > timing.beta_epochs.max():
+        # the best shape placed again backwards and forwards (:mod:`flowride.synth.justify`) where
+        # latency rules (a hop's alpha outlasts a chunk on the slowest link), it would take no more
+        # than the shapes' box and fits the limit: at 1 MB it packs the tail of latency-bound trees
+        # (MI250 x 4: 1.394 -> 1.295 the bound); at 1 GB it gains little for what it costs (0.2%
+        # in 10 s), and even at small counts that time is what the next chunk count needs
         ps = time.perf_counter()
         cost = len(best[1]) * JUSTIFY_SECONDS_PER_SEND
         end = None if time_limit is None else t0 + time_limit
