@@ -39,6 +39,7 @@ INSTANCES = {
     "a100x2-ib": lambda: fabric(FabricSpec("dgx-a100", 2, rails=2)),
     "a100x4-ib": lambda: fabric(FabricSpec("dgx-a100", 4, rails=2)),
     "a800x4-clos": lambda: fabric(FabricSpec("a800", 4, "clos", nic_share=2)),
+    "h800x2": lambda: fabric(FabricSpec("h800", 2)),  # issue #35's held-out AlltoAll 64 MiB
 }
 CASES = {
     "ag1g": ("allgather", "1GB"),
@@ -47,6 +48,7 @@ CASES = {
     "rs1m": ("reducescatter", "1MB"),
     "a2a64m": ("alltoall", "64MB"),
     "a2a1g": ("alltoall", "1GB"),
+    "a2a64mi": ("alltoall", "64MiB"),
 }
 SWEEP = ["1KB", "32KB", "1MB", "32MB", "1GB"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.test_reductions import topologies
 
 from flowride.api import synthesize
 from flowride.collectives import make_demand
@@ -16,7 +17,6 @@ from flowride.synth.justify import justified_allgather
 from flowride.synth.trees import packed_sends
 from flowride.topology.builtins import mi250
 from flowride.topology.timing import epoch_timing
-from tests.test_reductions import topologies
 
 
 def _allgather(topo, chunks: int, size: int, epoch: str, packed: bool) -> Schedule:

@@ -261,3 +261,21 @@ def test_an_lp_over_the_memory_limit_leaves_auto_with_the_direct_alltoall():
         synthesize(dgx2(4), "alltoall", 16_000, "fast", 1, 20, method="lp", memory_limit=2**20, nccl=False)
     out = synthesize(dgx2(4), "alltoall", 16_000, "fast", 1, 20, memory_limit=2**20, nccl=False)
     assert out.sim.valid and "direct" in out.report()["method"]
+
+
+def test_the_pieces_lp_is_skipped_where_the_cut_paths_meet_its_bound():
+    """h800 x 2 AlltoAll 64 MiB: the LP's whole-chunk paths list-schedule in 34 epochs; cut in two
+    pieces they take 32, the pieces' lower bound, so no LP over the pieces is solved (it took the
+    rest of a 7 s budget for nothing)."""
+    from flowride.topology.fabrics import FabricSpec, fabric
+
+    topo = fabric(FabricSpec("h800", 2))
+    seen: list[dict] = []
+    demand = make_demand(topo, "alltoall", 64 * 2**20, 1)
+    timing = epoch_timing(topo, demand.chunk_bytes, "fast")
+    dem, res = synthesize_lp(topo, demand, timing, time_limit=60, progress=seen.append, polish_seconds=0.0)
+    cut = [e for e in seen if e["stage"] == "decompose" and e["pieces"] == 2]
+    assert cut and cut[-1]["epochs"] == res.T == res.lower
+    assert res.pieces == 2 and dem.chunks == 2
+    assert not [e for e in seen if e["stage"] == "lp" and e.get("pieces") == 2]
+    assert simulate(Schedule.from_tuples(topo, dem, timing.tau, res.sends)).epochs == res.T
