@@ -276,7 +276,8 @@ def _justified(topo: Topology, demand, timing, sends: list, deadline: float | No
 def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = None, progress=None, lower: int = 0):
     """The polynomial-time method: build the AllGather along packed trees in every shape of
     :data:`TREE_VARIANTS` (while time is left; the first always runs), keep the one that finishes
-    first in the simulator's replay. Returns a :class:`~flowride.synth.result.SearchResult`
+    first in the simulator's replay, placed once more backwards and forwards where latency rules
+    (:mod:`flowride.synth.justify`). Returns a :class:`~flowride.synth.result.SearchResult`
     whose horizon is that replay's epoch count; ``lower`` is the caller's epoch lower bound."""
     t0 = time.perf_counter()
     best: tuple[int, list] | None = None
@@ -353,4 +354,7 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
                 probes.append(Probe(got[0], "trees justified", time.perf_counter() - ps, len(got[1]), 0))
                 if got[0] < best[0]:
                     best = got
+                    if progress:
+                        progress({"stage": "trees", "variant": "justified", "i": len(TREE_VARIANTS), "of": len(TREE_VARIANTS),
+                                  "epochs": got[0], "best": best[0], "lo": lower, "elapsed": time.perf_counter() - t0})
     return SearchResult(best[1], best[0], min(lower, best[0]), timed_out, probes, solver_seconds=time.perf_counter() - t0)
