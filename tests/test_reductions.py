@@ -16,10 +16,11 @@ import json
 from collections import Counter
 
 import pytest
-from hypothesis import event, example, given, settings
+from hypothesis import assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from flowride.api import synthesize
+from flowride.api.reduction import symmetric
 from flowride.collectives import Collective, make_demand
 from flowride.errors import InputError
 from flowride.program import Step, check_program, lower, transfers
@@ -33,6 +34,7 @@ from flowride.schedule.reduce import (
 from flowride.synth.bounds import lower_bounds
 from flowride.synth.greedy import baseline_sends
 from flowride.topology import Link, Node, Topology, dgx1, full, mesh, ndv2, ring, switch, torus
+from flowride.topology.builtins import mi250
 from flowride.topology.timing import epoch_timing
 
 TAU = 2e-5  # one 1 MB chunk per epoch on 50 GB/s
@@ -854,3 +856,24 @@ def test_reduction_baseline_is_the_reversed_ring_it_reuses(coll):
     want = reduce_scatter_from_allgather(ring) if coll == "reducescatter" else allreduce_from_allgather(ring)
     assert out.baseline.epochs == simulate(want).epochs
     assert out.baseline.finish_time_s == pytest.approx(simulate(want).finish_time_s)
+
+
+@settings(max_examples=60, deadline=None)
+@given(topologies(symmetric=True), CHUNKS, SIZES, EPOCHS)
+def test_a_reversed_baseline_takes_its_allgathers_epochs_where_links_mirror(topo, chunks, size, epoch):
+    """Symmetric links and no switch that copies: the baseline's ReduceScatter is its AllGather's
+    mirror image, epoch for epoch, as schedule/reduce.py's docstring says."""
+    assume(symmetric(topo) and not any(topo.nodes[w].copy for w in topo.switches))
+    _describe(topo, chunks, epoch)
+    ag = greedy_allgather(topo, chunks, size, epoch)
+    rs = reduce_scatter_from_allgather(ag, topo)
+    assert simulate(rs).finish_time_s == pytest.approx(simulate(ag).finish_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_the_mirror_holds_through_switches_that_cannot_copy(chunks):
+    """MI250 x 2: its NIC switches forward without copying, every link has an equal way back."""
+    topo = mi250(2)
+    assert symmetric(topo) and not any(topo.nodes[w].copy for w in topo.switches)
+    ag = greedy_allgather(topo, chunks, 10**9)
+    assert simulate(reduce_scatter_from_allgather(ag, topo)).epochs == simulate(ag).epochs
