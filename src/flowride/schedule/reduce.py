@@ -14,7 +14,9 @@ re-placed by list scheduling instead of copied:
 Messages are placed in reversed-AllGather order (the GPUs that received last go first), each at
 the earliest epoch after every partial it must include has arrived, where every link of its path
 has room in its capacity window (a switch forwards in the epoch it receives). On a topology with
-symmetric links and no switch multicast the result is the exact mirror image of the AllGather.
+symmetric links and no switch the result is the exact mirror image of the AllGather (tested);
+through cut-through switches whose links differ in speed it need not be, since a path's epochs
+into and out of a switch then differ by direction.
 
 The AllGather may be given on the *reversed* topology (every link turned around): reversing it in
 time then uses exactly the links of the target topology, which is how ``flowride synth`` builds
