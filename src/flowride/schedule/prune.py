@@ -56,6 +56,8 @@ def drop_switch_cycles(schedule: Schedule) -> Schedule:
 
 
 def prune_redundant(schedule: Schedule) -> Schedule:
+    """``schedule`` without the sends no demand needs (see the module); an invalid one is returned
+    as it is (after its switch cycles are dropped), for the caller's replay to report."""
     schedule = drop_switch_cycles(schedule)
     sim = simulate(schedule)
     if not sim.valid:

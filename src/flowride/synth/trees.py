@@ -260,6 +260,12 @@ SHAPES_FACTOR = 0.25  # or this many times what the packed trees took
 REPACK_FACTOR = 1.5  # an unfinished packing is made again for a call with this much more time
 
 
+def _shapes_box(packed_s: float) -> float:
+    """Seconds the shapes after the packed trees may take together (and the most the backward-
+    forward pass may cost): at least :data:`SHAPES_FLOOR_S`, or a share of what the packed took."""
+    return max(SHAPES_FLOOR_S, SHAPES_FACTOR * packed_s)
+
+
 def _justified(topo: Topology, demand, timing, sends: list, deadline: float | None) -> tuple[int, list] | None:
     """(epochs, sends) of ``sends``' AllGather placed backwards then forwards, replayed; None past
     ``deadline``."""
@@ -295,7 +301,7 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
             # the packed trees are at the throughput optimum: the other shapes together get about
             # what they took (a shape beats them where latency or whole-chunk effects rule, and
             # there it is quick), so a large count's time goes to the next count, not to shapes
-            shapes_end = shapes_end or ps + max(SHAPES_FLOOR_S, SHAPES_FACTOR * packed_s)
+            shapes_end = shapes_end or ps + _shapes_box(packed_s)
             deadline = min(deadline, shapes_end)
         if shape.startswith("packed"):
             left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
@@ -348,7 +354,7 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
         ps = time.perf_counter()
         cost = len(best[1]) * JUSTIFY_SECONDS_PER_SEND
         end = None if time_limit is None else t0 + time_limit
-        if end is None or (ps + cost <= end and cost <= max(SHAPES_FLOOR_S, SHAPES_FACTOR * packed_s)):
+        if end is None or (ps + cost <= end and cost <= _shapes_box(packed_s)):
             got = _justified(topo, demand, timing, best[1], end)
             if got is not None:
                 probes.append(Probe(got[0], "trees justified", time.perf_counter() - ps, len(got[1]), 0))
