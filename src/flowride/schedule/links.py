@@ -198,6 +198,10 @@ class LinkBook:
                 return k + max(1, self.next_fit(li, e) - e)
         return None
 
+    def row_of(self, link: int) -> int:
+        """The row ``link``'s chunks are counted in (here its own)."""
+        return link
+
     def take(self, link: int, k: int) -> None:
         row = self._rows.get(link)
         if row is None or k >= len(row):
@@ -281,6 +285,10 @@ class OrbitBook:
     def blocked(self, hops: Sequence[tuple[int, int]], k: int) -> int | None:
         """As :meth:`LinkBook.blocked`, for ``hops`` and all their images."""
         return self.book.blocked(self._map(hops), k)
+
+    def row_of(self, link: int) -> int:
+        """The row ``link``'s chunks are counted in: its orbit's."""
+        return self._rep[link]
 
     def release(self, link: int, k: int) -> None:
         for _ in range(self._mult[link]):

@@ -148,6 +148,103 @@ def _units(topo: Topology, timing: EpochTiming, tree: PackedTree) -> tuple[list[
     return units, by_sender
 
 
+def _grid(plans: dict, timing: EpochTiming) -> dict[tuple[int, int, int], int]:
+    """The transfers kept on a grid of starts, as (units' id, move's id, unit index) -> the grid's
+    step: those whose every hop is on a link that takes one chunk per window of w epochs, the same
+    w for all (w >= 2), and whose links only such transfers use, each link at one phase (offset
+    mod w). On those links, starts on the grid fill every window end to end; a link that other
+    transfers or other phases also use would only be cut into gaps."""
+    b, cap = timing.beta_epochs.tolist(), timing.window_cap.tolist()
+    seen: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+    cand: dict[tuple[int, int, int], int] = {}
+    for units, _, mv in plans.values():
+        for i, u in enumerate(units):
+            key = (id(units), id(mv), i)
+            if key in seen:
+                continue
+            seen[key] = hops = mv.hops(u.hops())
+            w = {b[li] + 1 if cap[li] == 1 else 0 for li, _ in hops}
+            if len(w) == 1 and min(w) >= 2 and not u.branches:  # a multicast's children leave at their own times
+                cand[key] = w.pop()
+    while True:
+        phase: dict[int, set] = {}
+        for key, hops in seen.items():
+            w = cand.get(key)
+            for li, off in hops:
+                phase.setdefault(li, set()).add(None if w is None else (w, off % w))
+        drop = [key for key in cand if any(len(phase[li]) > 1 for li, _ in seen[key])]
+        if not drop:
+            return cand
+        for key in drop:
+            del cand[key]
+
+
+def _matched_slot(book, k: int, order: list[int], hops_of: list) -> tuple[list[int], list[int]]:
+    """Places at start ``k`` as many of the transfers (``hops_of``, tried in ``order``) as fit
+    together: first each in turn, then swaps that take one placed transfer out for two that did not
+    fit. Returns (placed, not placed), each in ``order``.
+
+    Why: where every slow link takes one chunk per window and the starts keep to a grid of those
+    windows, the transfers of one slot are a bipartite matching (MI250's NIC uplinks to downlinks),
+    and taking them greedily in priority order leaves an uplink idle whenever all its ready chunks
+    go to downlinks that higher-priority transfers took. The swap is the matching's augmenting path
+    of three edges. Candidates are paired by the book's rows they share (a row holds one chunk per
+    window here), and the book itself has the last word on each swap."""
+    placed: list[int] = []
+    for j in order:
+        if book.blocked(hops_of[j], k) is None and book.place(hops_of[j], k, k) == k:
+            placed.append(j)
+    if len(placed) == len(order):
+        return placed, []
+    rows = {j: {book.row_of(li) for li, _ in hops_of[j]} for j in order}
+    rank = {j: n for n, j in enumerate(order)}
+    stuck: set[int] = set()  # held back by chunks outside the slot: no swap frees them
+    while True:
+        done = set(placed)
+        out = [j for j in order if j not in done]
+        holder: dict[int, list[int]] = {}
+        for j in placed:
+            for r in rows[j]:
+                holder.setdefault(r, []).append(j)
+        waiting: dict[int, list[int]] = {}
+        for j in out:
+            if j not in stuck:
+                for r in rows[j]:
+                    waiting.setdefault(r, []).append(j)
+        swap = None
+        for t in out:
+            if t in stuck:
+                continue
+            conf = {p for r in rows[t] for p in holder.get(r, ())}
+            if len(conf) != 1:
+                continue
+            (p,) = conf
+            # a second transfer for p's rows that t does not take, clear of every other placed one
+            qs = {q for r in rows[p] - rows[t] for q in waiting.get(r, ())
+                  if q != t and not rows[q] & rows[t] and all(holder.get(r2, [p]) == [p] for r2 in rows[q])}
+            if not qs:
+                continue
+            for li, off in hops_of[p]:
+                book.release(li, k + off)
+            if book.blocked(hops_of[t], k) is not None:
+                stuck.add(t)
+            elif book.place(hops_of[t], k, k) == k:
+                for q in sorted(qs, key=rank.__getitem__):
+                    if book.blocked(hops_of[q], k) is None and book.place(hops_of[q], k, k) == k:
+                        swap = (p, t, q)
+                        break
+                if swap:
+                    break
+                for li, off in hops_of[t]:
+                    book.release(li, k + off)
+            if book.place(hops_of[p], k, k) != k:  # its own hops were free a moment ago
+                raise AssertionError("a transfer taken out of its slot did not fit back")
+        if swap is None:
+            return placed, out
+        p, t, q = swap
+        placed = sorted([j for j in placed if j != p] + [t, q], key=rank.__getitem__)
+
+
 class _Move:
     """Maps a rep tree's node and link ids to another root's (the symmetry's element), or nothing."""
 
@@ -173,7 +270,7 @@ def _free_on(link_images: np.ndarray, links: set[int]) -> bool:
 
 
 def forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, order: str = "slack",
-                 split: bool = True, serial: bool = False, deadline: float | None = None) -> list[tuple[int, int, int, int]] | None:
+                 split: bool = True, serial: bool = False, deadline: float | None = None, slotted: bool = False) -> list[tuple[int, int, int, int]] | None:
     """The AllGather's sends along ``packing``'s trees at ``timing`` (see :func:`_forest_sends`).
 
     Where the packing has a symmetry that moves each rep root to |G| other roots and fixes none of
@@ -186,14 +283,14 @@ def forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, 
     if (images is not None and len(images.of_root) == len(images.node) * len(packing.trees)
             and _free_on(images.link, {li for ts in packing.trees.values() for t in ts for e in t.edges for li in e.links})):
         try:
-            return _forest_sends(topo, demand, timing, packing, order, split, serial, deadline, orbit=True)
+            return _forest_sends(topo, demand, timing, packing, order, split, serial, deadline, orbit=True, slotted=slotted)
         except SlotOverflow:
             pass
-    return _forest_sends(topo, demand, timing, packing, order, split, serial, deadline, orbit=False)
+    return _forest_sends(topo, demand, timing, packing, order, split, serial, deadline, orbit=False, slotted=slotted)
 
 
 def _forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, order: str, split: bool, serial: bool,
-                  deadline: float | None, orbit: bool) -> list[tuple[int, int, int, int]] | None:
+                  deadline: float | None, orbit: bool, slotted: bool = False) -> list[tuple[int, int, int, int]] | None:
     """The AllGather's sends along ``packing``'s trees at ``timing`` (see the module).
 
     ``order`` ranks transfers that can start in the same epoch: "slack" (default: the chunk's turn
@@ -239,6 +336,15 @@ def _forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing,
                 heap.append((*prio(c, units[i]), 0, seq, root, c, i, None) if serial else (0, *prio(c, units[i]), seq, root, c, i, None))
                 seq += 1
     heapq.heapify(heap)
+    slotted = slotted and not serial
+    grid = _grid(plans, timing) if slotted else {}
+    if slotted and not grid:  # nothing on a grid: the schedule would be the unslotted one
+        return []
+
+    def slot(i: int, s: int, c: int) -> int:
+        units, _, mv = plans[(s, c)]
+        return grid.get((id(units), id(mv), i), 0)
+
     hold: dict[tuple[int, int, int], int] = {}
     sends: list[tuple[int, int, int, int]] = []
 
@@ -284,6 +390,28 @@ def _forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing,
         start, p1, p2, _, s, c, i, left = heapq.heappop(heap)
         units, _, mv = plans[(s, c)]
         u = units[i]
+        w = slot(i, s, c) if slotted and left is None else 0
+        if w:
+            if start % w:  # to the grid: a start between two slots would waste part of each window
+                heapq.heappush(heap, (start + w - start % w, p1, p2, seq, s, c, i, left))
+                seq += 1
+                continue
+            batch = [(p1, p2, seq, s, c, i)]
+            rest = []
+            while heap and heap[0][0] == start:
+                e = heapq.heappop(heap)
+                (batch.append(e[1:7]) if e[7] is None and slot(e[6], e[4], e[5]) == w else rest.append(e))
+            for e in rest:
+                heapq.heappush(heap, e)
+            hops_of = [plans[(e[3], e[4])][2].hops(plans[(e[3], e[4])][0][e[5]].hops()) for e in batch]
+            placed, out = _matched_slot(book, start, sorted(range(len(batch)), key=lambda j: batch[j][:3]), hops_of)
+            for j in placed:
+                _, _, _, s, c, i = batch[j]
+                commit(s, c, start, hops_of[j], plans[(s, c)][0][i].all_reached())
+            for j in out:  # back in the queue for the next slot
+                heapq.heappush(heap, (start + w, *batch[j][:2], seq, *batch[j][3:], None))
+                seq += 1
+            continue
         branches = u.branches if left is None else left
         hops = mv.hops(u.hops(branches))
         splittable = split and u.splittable
