@@ -12,6 +12,10 @@ the older chunk, then the one with more of its tree below it), each at the earli
 every hop has room in its capacity window (:meth:`flowride.schedule.links.LinkBook.place`). A
 transfer whose earliest start moved past its turn goes back in the queue at that start, so a
 relay of an old chunk is never stuck behind a root's later chunks on a shared link.
+
+Slotted (a variant): where whole paths run over links that take one chunk per window of w epochs
+(MI250's NIC uplinks and downlinks), their transfers start on a grid every w epochs and each
+slot's transfers are matched, uplinks to downlinks, instead of taken greedily.
 """
 
 from __future__ import annotations
@@ -301,6 +305,9 @@ def _forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing,
     sender's way to the switch is on one-epoch links, so the extra copy costs little). ``serial``:
     each transfer placed once, in priority order, at its earliest fit (faster, sometimes better).
     ``deadline`` (a ``time.perf_counter()`` value): past it the scheduling stops and None is returned.
+    ``slotted`` (not with ``serial``): the transfers :func:`_grid` finds start on a grid of their
+    links' windows, each slot placed as a matching (:func:`_matched_slot`); [] where none is on a
+    grid (the schedule would be the plain one).
     A symmetric packing's trees are moved to each root on the fly (one set of transfers per rep)."""
     chunks = demand.chunks
     ticks = 0

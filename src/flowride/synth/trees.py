@@ -206,8 +206,10 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
 
 # Tree shapes tried by :func:`synthesize_trees`: first the trees packed to the throughput optimum
 # (:mod:`flowride.synth.packing`), scheduled by :mod:`flowride.synth.forest` each transfer once in
-# priority order (quick), then in time order (better where links are contended), then, on a fabric
-# of groups, each block across once per group in matched slots
+# priority order (quick), then in time order (better where links are contended), then in time order
+# on a grid of slots, each slot matched (where whole paths run on one-chunk-per-window links of one
+# window: MI250's NICs; elsewhere it returns at once), then, on a fabric of groups, each block
+# across once per group in matched slots
 # (:func:`~flowride.synth.matched.matched_allgather`), then each (shape, spread) pair of
 # :func:`tree_sends` and doubling from the farthest distance
 # (:func:`~flowride.synth.greedy.doubling_allgather`), cheapest first in wall time; together they
