@@ -72,8 +72,8 @@ def test_the_slot_swap_finds_the_larger_matching():
     fits: one transfer. The swap takes the first out for the other two."""
     book = _book()
     hops = [[(0, 0), (3, 2)], [(1, 0), (3, 2)], [(0, 0), (2, 2)]]
-    placed, out = _matched_slot(book, 8, [0, 1, 2], hops)
-    assert placed == [1, 2] and out == [0]
+    placed, out, took = _matched_slot(book, 8, [0, 1, 2], [[h] for h in hops])
+    assert placed == [1, 2] and out == [0] and took == {1: hops[1], 2: hops[2]}
     assert [book.count(li, 8 + off) for li, off in [(0, 0), (1, 0), (2, 2), (3, 2)]] == [1, 1, 1, 1]
 
 
@@ -81,9 +81,19 @@ def test_a_slot_keeps_the_greedy_choice_when_no_swap_adds_one():
     book = _book()
     book.place([(2, 2)], 8)  # an earlier transfer holds down2 at this slot
     hops = [[(0, 0), (3, 2)], [(1, 0), (3, 2)], [(0, 0), (2, 2)]]
-    placed, out = _matched_slot(book, 8, [0, 1, 2], hops)
+    placed, out, _ = _matched_slot(book, 8, [0, 1, 2], [[h] for h in hops])
     assert placed == [0] and out == [1, 2]
     assert book.count(0, 8) == 1 and book.count(3, 10) == 1 and book.count(1, 8) == 0
+
+
+def test_a_slot_takes_a_twin_route_where_the_first_is_full():
+    """Both transfers go up0 -> down3, or over the twin link 2 in its place: the second takes the
+    twin instead of waiting a slot."""
+    book = _book()
+    first, twin = [(0, 0), (3, 2)], [(0, 0), (2, 2)]
+    other, other_twin = [(1, 0), (3, 2)], [(1, 0), (2, 2)]
+    placed, out, took = _matched_slot(book, 8, [0, 1], [[first, twin], [other, other_twin]])
+    assert placed == [0, 1] and out == [] and took == {0: first, 1: other_twin}
 
 
 def test_nothing_on_a_grid_gives_no_slotted_schedule():
@@ -104,3 +114,86 @@ def test_mi250_1gb_keeps_the_slotted_trees():
     probes = {p.outcome: p.T for p in out.probes}
     assert probes["trees packed-slotted/0.0"] < probes["trees packed/0.0"]
     assert out.T <= probes["trees packed-slotted/0.0"]
+
+
+@st.composite
+def leaf_spine_fabrics(draw) -> Topology:
+    """GPUs on leaf switches joined through spine switches (none copies), the spines' links at
+    speeds drawn per spine, so some routes have twins of the same timing and some do not."""
+    n = draw(st.integers(2, 6))
+    leaves = draw(st.integers(2, 3))
+    spines = draw(st.integers(2, 3))
+    nodes = [Node(i) for i in range(n)] + [Node(n + j, "switch", copy=False) for j in range(leaves + spines)]
+    links = []
+    for g in range(n):
+        leaf = n + draw(st.integers(0, leaves - 1))
+        links += [Link(g, leaf, 50.0, 1.3e-6), Link(leaf, g, 50.0, 0.0)]
+    for s in range(spines):
+        bw = draw(st.sampled_from([12.5, 25.0, 25.0]))
+        for leaf in range(leaves):
+            links += [Link(n + leaf, n + leaves + s, bw, 0.0), Link(n + leaves + s, n + leaf, bw, 0.0)]
+    return Topology("random-leaf-spine", tuple(nodes), tuple(links))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(leaf_spine_fabrics(), st.sampled_from([1, 2, 4]), st.sampled_from([10**6, 10**8]))
+def test_twin_routes_verify_and_keep_each_hop_on_a_link_of_its_timing(topo, chunks, size):
+    demand = make_demand(topo, "allgather", size, chunks)
+    timing = epoch_timing(topo, demand.chunk_bytes, "fast")
+    packed = pack_trees(topo, None, time_limit=20, symmetry=shift_symmetry(topo))
+    plain = forest_sends(topo, demand, timing, packed)
+    got = forest_sends(topo, demand, timing, packed, routed=True)
+    if not got:  # no route with a twin here
+        return
+    sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, got))
+    assert sim.valid, sim.first_violation  # every demand met, no chunk sent before it is held, capacities kept
+    # as many sends per (source, chunk) and per link speed: only the spine a route crosses may change
+    speed = [lk.bytes_per_s for lk in topo.links]
+    assert sorted((s, c, speed[li]) for _, li, s, c in got) == sorted((s, c, speed[li]) for _, li, s, c in plain)
+
+
+def _clos_group():
+    from flowride.topology.fabrics import build_fabric
+    from flowride.topology.group import select_group
+
+    return select_group(build_fabric("dgx-h100", 16, "clos", oversubscription=4.0), "every:8")
+
+
+def test_a_clos_group_takes_the_idle_spines():
+    """One rail's 16 GPUs of 16 DGX H100 on a 4:1 Clos (8 leaves, 8 spines of 25 GB/s a link): the
+    packed trees send every edge between two leaves over one spine, and its 2-epoch windows turn
+    the GPUs' sends away every other epoch (88 epochs at 4 chunks, 1.47x the NIC bound of 60).
+    Over any spine with room: 68."""
+    topo = _clos_group()
+    demand = make_demand(topo, "allgather", 10**9, 4)
+    timing = epoch_timing(topo, demand.chunk_bytes, "fast")
+    packing = packing_for(topo, timing, demand.chunk_bytes)
+    plain = simulate(Schedule.from_tuples(topo, demand, timing.tau, forest_sends(topo, demand, timing, packing)))
+    routed = simulate(Schedule.from_tuples(topo, demand, timing.tau, forest_sends(topo, demand, timing, packing, routed=True)))
+    assert routed.valid and plain.valid
+    assert (plain.epochs, routed.epochs) == (88, 68)
+    out = synthesize_trees(topo, demand, timing, 30)
+    assert out.T <= 68 and out.T < {p.outcome: p.T for p in out.probes}["trees packed/0.0"]
+
+
+def test_twins_need_the_same_timing_and_a_switch_that_forwards():
+    """Two leaves, two spines: a route through spine A has spine B as twin only when B's links
+    carry a chunk in the same epochs; a spine that copies is no twin."""
+    from flowride.synth.forest import _Move, _other_routes, _Unit
+
+    for bw_b, copy_b, twins in ((25.0, False, 1), (12.5, False, 0), (25.0, True, 0)):
+        nodes = (Node(0), Node(1), Node(2, "switch", copy=False), Node(3, "switch", copy=False),
+                 Node(4, "switch", copy=False), Node(5, "switch", copy=copy_b))
+        links = (Link(0, 2, 50.0, 0.0), Link(2, 4, 25.0, 0.0), Link(4, 3, 25.0, 0.0), Link(3, 1, 50.0, 0.0),
+                 Link(2, 5, bw_b, 0.0), Link(5, 3, bw_b, 0.0), Link(1, 3, 50.0, 0.0), Link(3, 2, 25.0, 0.0), Link(2, 0, 50.0, 0.0))
+        topo = Topology("two-spines", nodes, links)
+        demand = make_demand(topo, "allgather", 10**8, 1)
+        timing = epoch_timing(topo, demand.chunk_bytes, "fast")
+        offs = [0, int(timing.hop_delay[0]), int(timing.hop_delay[0] + timing.hop_delay[1]),
+                int(timing.hop_delay[0] + timing.hop_delay[1] + timing.hop_delay[2])]
+        unit = _Unit(0, [(0, offs[0]), (1, offs[1]), (2, offs[2]), (3, offs[3])], [(1, 3, offs[3])], [])
+        got = _other_routes(topo, timing, {(0, 0): ([unit], {0: [0]}, _Move())})
+        alts = next(iter(got.values()), [])
+        assert len(alts) == twins
+        if twins:
+            assert alts[0] == [(0, offs[0]), (4, offs[1]), (5, offs[2]), (3, offs[3])]

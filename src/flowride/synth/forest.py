@@ -167,7 +167,8 @@ def _grid(plans: dict, timing: EpochTiming) -> dict[tuple[int, int, int], int]:
             if key in seen:
                 continue
             seen[key] = hops = mv.hops(u.hops())
-            w = {b[li] + 1 if cap[li] == 1 else 0 for li, _ in hops}
+            # links that take a chunk an epoch (b = 0) have no window to cut: any start suits them
+            w = {b[li] + 1 if cap[li] == 1 else 0 for li, _ in hops if b[li] > 0}
             if len(w) == 1 and min(w) >= 2 and not u.branches:  # a multicast's children leave at their own times
                 cand[key] = w.pop()
     while True:
@@ -175,32 +176,85 @@ def _grid(plans: dict, timing: EpochTiming) -> dict[tuple[int, int, int], int]:
         for key, hops in seen.items():
             w = cand.get(key)
             for li, off in hops:
-                phase.setdefault(li, set()).add(None if w is None else (w, off % w))
-        drop = [key for key in cand if any(len(phase[li]) > 1 for li, _ in seen[key])]
+                if b[li] > 0:
+                    phase.setdefault(li, set()).add(None if w is None else (w, off % w))
+        drop = [key for key in cand if any(len(phase.get(li, ())) > 1 for li, _ in seen[key])]
         if not drop:
             return cand
         for key in drop:
             del cand[key]
 
 
-def _matched_slot(book, k: int, order: list[int], hops_of: list) -> tuple[list[int], list[int]]:
-    """Places at start ``k`` as many of the transfers (``hops_of``, tried in ``order``) as fit
-    together: first each in turn, then swaps that take one placed transfer out for two that did not
-    fit. Returns (placed, not placed), each in ``order``.
+def _other_routes(topo: Topology, timing: EpochTiming, plans: dict) -> dict[tuple[int, int, int], list[list[tuple[int, int]]]]:
+    """Twin routes of the transfers that go GPU to GPU, as (units' id, move's id, unit index) ->
+    hop lists (moved): the route with one forwarding switch in the middle swapped for another
+    joined to the same two neighbours by links of the same timing (a Clos's other spines), so every
+    hop keeps its offset. The packing priced one route per tree edge; on a leaf/spine fabric all of
+    a leaf pair's edges then take the same spine, whose links (slower than the NICs) turn the
+    GPUs' sends away every other epoch, while the other spines stand idle."""
+    nodes = topo.nodes
+    link_of: dict[tuple[int, int], int] = {}
+    for li, lk in enumerate(topo.links):
+        link_of.setdefault((lk.src, lk.dst), li)
+    outs: dict[int, list[int]] = {}
+    for li, lk in enumerate(topo.links):
+        outs.setdefault(lk.src, []).append(li)
+    same = np.stack([timing.hop_delay, timing.beta_epochs, timing.window_cap], axis=1).tolist()
+    out: dict[tuple[int, int, int], list[list[tuple[int, int]]]] = {}
+    for units, _, mv in plans.values():
+        for i, u in enumerate(units):
+            key = (id(units), id(mv), i)
+            if key in out or u.branches:
+                continue
+            hops = mv.hops(u.hops())
+            alts = []
+            for j in range(len(hops) - 1):
+                (a, off_a), (b, off_b) = hops[j], hops[j + 1]
+                x, y, z = topo.links[a].src, topo.links[a].dst, topo.links[b].dst
+                if nodes[y].is_gpu or nodes[y].copy:
+                    continue
+                for la in outs.get(x, ()):
+                    y2 = topo.links[la].dst
+                    lb = link_of.get((y2, z))
+                    if y2 != y and lb is not None and not nodes[y2].is_gpu and not nodes[y2].copy and same[la] == same[a] and same[lb] == same[b]:
+                        alts.append(hops[:j] + [(la, off_a), (lb, off_b)] + hops[j + 2:])
+            if alts:
+                out[key] = alts
+    return out
+
+
+def _matched_slot(book, k: int, order: list[int], options: list) -> tuple[list[int], list[int], dict]:
+    """Places at start ``k`` as many of the transfers as fit together, each on one of its
+    ``options`` (hop lists: its route, then twin routes), tried in ``order``: first each in turn,
+    then swaps that take one placed transfer out for two that did not fit. Returns (placed, not
+    placed), each in ``order``, and the hops each placed one took.
 
     Why: where every slow link takes one chunk per window and the starts keep to a grid of those
     windows, the transfers of one slot are a bipartite matching (MI250's NIC uplinks to downlinks),
     and taking them greedily in priority order leaves an uplink idle whenever all its ready chunks
     go to downlinks that higher-priority transfers took. The swap is the matching's augmenting path
     of three edges. Candidates are paired by the book's rows they share (a row holds one chunk per
-    window here), and the book itself has the last word on each swap."""
-    placed: list[int] = []
-    for j in order:
-        if book.blocked(hops_of[j], k) is None and book.place(hops_of[j], k, k) == k:
-            placed.append(j)
+    window here; a transfer with twin routes by the rows all its routes need), and the book itself
+    has the last word on each swap."""
+    chosen: dict[int, list] = {}
+
+    def put(j: int) -> bool:
+        for h in options[j]:
+            if book.blocked(h, k) is None and book.place(h, k, k) == k:
+                chosen[j] = h
+                return True
+        return False
+
+    def lift(j: int) -> list:
+        h = chosen.pop(j)
+        for li, off in h:
+            book.release(li, k + off)
+        return h
+
+    placed = [j for j in order if put(j)]
     if len(placed) == len(order):
-        return placed, []
-    rows = {j: {book.row_of(li) for li, _ in hops_of[j]} for j in order}
+        return placed, [], chosen
+    need = {j: set.intersection(*({book.row_of(li) for li, _ in h} for h in options[j])) for j in order}
     rank = {j: n for n, j in enumerate(order)}
     stuck: set[int] = set()  # held back by chunks outside the slot: no swap frees them
     while True:
@@ -208,43 +262,42 @@ def _matched_slot(book, k: int, order: list[int], hops_of: list) -> tuple[list[i
         out = [j for j in order if j not in done]
         holder: dict[int, list[int]] = {}
         for j in placed:
-            for r in rows[j]:
+            for r in {book.row_of(li) for li, _ in chosen[j]}:
                 holder.setdefault(r, []).append(j)
         waiting: dict[int, list[int]] = {}
         for j in out:
             if j not in stuck:
-                for r in rows[j]:
+                for r in need[j]:
                     waiting.setdefault(r, []).append(j)
         swap = None
         for t in out:
             if t in stuck:
                 continue
-            conf = {p for r in rows[t] for p in holder.get(r, ())}
+            conf = {p for r in need[t] for p in holder.get(r, ())}
             if len(conf) != 1:
                 continue
             (p,) = conf
             # a second transfer for p's rows that t does not take, clear of every other placed one
-            qs = {q for r in rows[p] - rows[t] for q in waiting.get(r, ())
-                  if q != t and not rows[q] & rows[t] and all(holder.get(r2, [p]) == [p] for r2 in rows[q])}
+            qs = {q for r in {book.row_of(li) for li, _ in chosen[p]} - need[t] for q in waiting.get(r, ())
+                  if q != t and not need[q] & need[t] and all(holder.get(r2, [p]) == [p] for r2 in need[q])}
             if not qs:
                 continue
-            for li, off in hops_of[p]:
-                book.release(li, k + off)
-            if book.blocked(hops_of[t], k) is not None:
+            was = lift(p)
+            if all(book.blocked(h, k) is not None for h in options[t]):
                 stuck.add(t)
-            elif book.place(hops_of[t], k, k) == k:
+            elif put(t):
                 for q in sorted(qs, key=rank.__getitem__):
-                    if book.blocked(hops_of[q], k) is None and book.place(hops_of[q], k, k) == k:
+                    if put(q):
                         swap = (p, t, q)
                         break
                 if swap:
                     break
-                for li, off in hops_of[t]:
-                    book.release(li, k + off)
-            if book.place(hops_of[p], k, k) != k:  # its own hops were free a moment ago
+                lift(t)
+            if book.place(was, k, k) != k:  # its own hops were free a moment ago
                 raise AssertionError("a transfer taken out of its slot did not fit back")
+            chosen[p] = was
         if swap is None:
-            return placed, out
+            return placed, out, chosen
         p, t, q = swap
         placed = sorted([j for j in placed if j != p] + [t, q], key=rank.__getitem__)
 
@@ -274,7 +327,8 @@ def _free_on(link_images: np.ndarray, links: set[int]) -> bool:
 
 
 def forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, order: str = "slack",
-                 split: bool = True, serial: bool = False, deadline: float | None = None, slotted: bool = False) -> list[tuple[int, int, int, int]] | None:
+                 split: bool = True, serial: bool = False, deadline: float | None = None, slotted: bool = False,
+                 routed: bool = False) -> list[tuple[int, int, int, int]] | None:
     """The AllGather's sends along ``packing``'s trees at ``timing`` (see :func:`_forest_sends`).
 
     Where the packing has a symmetry that moves each rep root to |G| other roots and fixes none of
@@ -284,6 +338,8 @@ def forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, 
     among themselves needs one slot per image in one epoch) makes that schedule impossible: then
     every root is placed on its own."""
     images = packing.images
+    if routed:  # other routes use links the symmetry check did not see: every root on its own
+        return _forest_sends(topo, demand, timing, packing, order, split, serial, deadline, orbit=False, routed=True)
     if (images is not None and len(images.of_root) == len(images.node) * len(packing.trees)
             and _free_on(images.link, {li for ts in packing.trees.values() for t in ts for e in t.edges for li in e.links})):
         try:
@@ -294,7 +350,7 @@ def forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, 
 
 
 def _forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, order: str, split: bool, serial: bool,
-                  deadline: float | None, orbit: bool, slotted: bool = False) -> list[tuple[int, int, int, int]] | None:
+                  deadline: float | None, orbit: bool, slotted: bool = False, routed: bool = False) -> list[tuple[int, int, int, int]] | None:
     """The AllGather's sends along ``packing``'s trees at ``timing`` (see the module).
 
     ``order`` ranks transfers that can start in the same epoch: "slack" (default: the chunk's turn
@@ -348,9 +404,16 @@ def _forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing,
     if slotted and not grid:  # nothing on a grid: the schedule would be the unslotted one
         return []
 
+    others = _other_routes(topo, timing, plans) if routed and not serial else {}
+    if routed and not others:  # no route has a twin: the schedule would be the plain one
+        return []
+
     def slot(i: int, s: int, c: int) -> int:
+        """The grid step of the transfer's starts (0: none): its links' window where slotted, one
+        epoch for a transfer with twin routes (each epoch's transfers matched, routes picked)."""
         units, _, mv = plans[(s, c)]
-        return grid.get((id(units), id(mv), i), 0)
+        key = (id(units), id(mv), i)
+        return grid.get(key, 0) or (1 if key in others else 0)
 
     hold: dict[tuple[int, int, int], int] = {}
     sends: list[tuple[int, int, int, int]] = []
@@ -397,7 +460,7 @@ def _forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing,
         start, p1, p2, _, s, c, i, left = heapq.heappop(heap)
         units, _, mv = plans[(s, c)]
         u = units[i]
-        w = slot(i, s, c) if slotted and left is None else 0
+        w = slot(i, s, c) if left is None else 0
         if w:
             if start % w:  # to the grid: a start between two slots would waste part of each window
                 heapq.heappush(heap, (start + w - start % w, p1, p2, seq, s, c, i, left))
@@ -410,11 +473,14 @@ def _forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing,
                 (batch.append(e[1:7]) if e[7] is None and slot(e[6], e[4], e[5]) == w else rest.append(e))
             for e in rest:
                 heapq.heappush(heap, e)
-            hops_of = [plans[(e[3], e[4])][2].hops(plans[(e[3], e[4])][0][e[5]].hops()) for e in batch]
-            placed, out = _matched_slot(book, start, sorted(range(len(batch)), key=lambda j: batch[j][:3]), hops_of)
+            options = []
+            for e in batch:
+                units_e, _, mv_e = plans[(e[3], e[4])]
+                options.append([mv_e.hops(units_e[e[5]].hops())] + others.get((id(units_e), id(mv_e), e[5]), []))
+            placed, out, chosen = _matched_slot(book, start, sorted(range(len(batch)), key=lambda j: batch[j][:3]), options)
             for j in placed:
                 _, _, _, s, c, i = batch[j]
-                commit(s, c, start, hops_of[j], plans[(s, c)][0][i].all_reached())
+                commit(s, c, start, chosen[j], plans[(s, c)][0][i].all_reached())
             for j in out:  # back in the queue for the next slot
                 heapq.heappush(heap, (start + w, *batch[j][:2], seq, *batch[j][3:], None))
                 seq += 1

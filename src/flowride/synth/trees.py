@@ -214,7 +214,7 @@ def tree_sends(topo: Topology, demand, timing, spread: float = 1.0, shape: str =
 # :func:`tree_sends` and doubling from the farthest distance
 # (:func:`~flowride.synth.greedy.doubling_allgather`), cheapest first in wall time; together they
 # cover bandwidth-bound and latency-bound (shallow trees, log-step doubling) instances.
-TREE_VARIANTS: tuple[tuple[str, float], ...] = (("packed-serial", 0.0), ("packed", 0.0), ("packed-slotted", 0.0), ("matched", SPREAD), ("shortest", 0.5),
+TREE_VARIANTS: tuple[tuple[str, float], ...] = (("packed-serial", 0.0), ("packed", 0.0), ("packed-slotted", 0.0), ("packed-routed", 0.0), ("matched", SPREAD), ("shortest", 0.5),
                                                 ("doubling", 0.0), ("cheapest", 2.0), ("cheapest", 0.5), ("cheapest", 0.1))
 PACKING_SHARE = 0.5  # of the packed variant's time the packing LP may take before its trees are scheduled
 PACKED_SHARE = 0.7  # of the time limit the packed variant may take (the shapes after it are quick)
@@ -224,7 +224,7 @@ MATCHED_MAX_DELIVERIES = 200_000  # the matched crossings pick a receiver per bl
 
 
 def packed_sends(topo: Topology, demand, timing, time_limit: float | None = None,
-                 serial: bool = False, slotted: bool = False) -> list[tuple[int, int, int, int]] | None:
+                 serial: bool = False, slotted: bool = False, routed: bool = False) -> list[tuple[int, int, int, int]] | None:
     """AllGather sends along the trees packed to the throughput optimum of the epoch model's link
     capacities (whole chunks per capacity window), list-scheduled (:func:`forest_sends`; ``slotted``:
     on a grid of slots, see there, and [] where no transfer is on one); None when ``time_limit``
@@ -232,7 +232,7 @@ def packed_sends(topo: Topology, demand, timing, time_limit: float | None = None
     t0 = time.perf_counter()
     packing = packing_for(topo, timing, demand.chunk_bytes, None if time_limit is None else time_limit * PACKING_SHARE)
     return forest_sends(topo, demand, timing, packing, serial=serial, deadline=None if time_limit is None else t0 + time_limit,
-                        slotted=slotted)
+                        slotted=slotted, routed=routed)
 
 
 _PACKINGS: dict[tuple, tuple[Packing, float]] = {}  # key -> (packing, the time limit it was made in)
@@ -311,7 +311,7 @@ def synthesize_trees(topo: Topology, demand, timing, time_limit: float | None = 
             left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
             try:
                 sends = packed_sends(topo, demand, timing, None if left is None else left * (PACKED_SHARE if best is None else PACKED_AFTER_SHARE),
-                                     shape == "packed-serial", shape == "packed-slotted")
+                                     shape == "packed-serial", shape == "packed-slotted", shape == "packed-routed")
             except SlotOverflow:  # a tree forks at a switch that cannot copy, both ways over one slot: the shapes below
                 sends = None
             if not sends:  # out of time before the packed schedule was whole (the shapes below are quick), or no slots
