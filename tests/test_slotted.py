@@ -42,18 +42,25 @@ def forwarding_fabrics(draw) -> Topology:
     return Topology("random-forwarding", tuple(nodes), tuple(links))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(forwarding_fabrics(), st.sampled_from([1, 2, 4, 8]), st.sampled_from([10**6, 10**8]))
-def test_slotted_schedules_verify_on_the_same_trees(topo, chunks, size):
+def _plain_and_variant(topo: Topology, chunks: int, size: int, **variant) -> tuple[list, list]:
+    """The packed trees' plain AllGather sends and the variant's; the variant's (when it gives a
+    schedule) replay as valid: every demand met, no chunk sent before it is held, capacities kept."""
     demand = make_demand(topo, "allgather", size, chunks)
     timing = epoch_timing(topo, demand.chunk_bytes, "fast")
     packed = pack_trees(topo, None, time_limit=20, symmetry=shift_symmetry(topo))
-    plain = forest_sends(topo, demand, timing, packed)
-    got = forest_sends(topo, demand, timing, packed, slotted=True)
+    got = forest_sends(topo, demand, timing, packed, **variant)
+    if got:
+        sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, got))
+        assert sim.valid, sim.first_violation
+    return forest_sends(topo, demand, timing, packed), got
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(forwarding_fabrics(), st.sampled_from([1, 2, 4, 8]), st.sampled_from([10**6, 10**8]))
+def test_slotted_schedules_verify_on_the_same_trees(topo, chunks, size):
+    plain, got = _plain_and_variant(topo, chunks, size, slotted=True)
     if not got:  # no transfer on a grid here: the plain schedule stands
         return
-    sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, got))
-    assert sim.valid, sim.first_violation  # every demand met, no chunk sent before it is held, capacities kept
     # the same trees: the same (link, source, chunk) sends, only at other epochs
     assert sorted((li, s, c) for _, li, s, c in got) == sorted((li, s, c) for _, li, s, c in plain)
 
@@ -138,15 +145,9 @@ def leaf_spine_fabrics(draw) -> Topology:
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(leaf_spine_fabrics(), st.sampled_from([1, 2, 4]), st.sampled_from([10**6, 10**8]))
 def test_twin_routes_verify_and_keep_each_hop_on_a_link_of_its_timing(topo, chunks, size):
-    demand = make_demand(topo, "allgather", size, chunks)
-    timing = epoch_timing(topo, demand.chunk_bytes, "fast")
-    packed = pack_trees(topo, None, time_limit=20, symmetry=shift_symmetry(topo))
-    plain = forest_sends(topo, demand, timing, packed)
-    got = forest_sends(topo, demand, timing, packed, routed=True)
+    plain, got = _plain_and_variant(topo, chunks, size, routed=True)
     if not got:  # no route with a twin here
         return
-    sim = simulate(Schedule.from_tuples(topo, demand, timing.tau, got))
-    assert sim.valid, sim.first_violation  # every demand met, no chunk sent before it is held, capacities kept
     # as many sends per (source, chunk) and per link speed: only the spine a route crosses may change
     speed = [lk.bytes_per_s for lk in topo.links]
     assert sorted((s, c, speed[li]) for _, li, s, c in got) == sorted((s, c, speed[li]) for _, li, s, c in plain)
