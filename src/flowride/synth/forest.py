@@ -152,25 +152,32 @@ def _units(topo: Topology, timing: EpochTiming, tree: PackedTree) -> tuple[list[
     return units, by_sender
 
 
+def _distinct(plans: dict) -> dict[tuple[int, int, int], tuple[_Unit, list[tuple[int, int]]]]:
+    """Each distinct transfer of the plans once, as (units' id, move's id, unit index) -> (the
+    unit, its hops moved to its root): the plans repeat them for every chunk."""
+    out: dict[tuple[int, int, int], tuple[_Unit, list[tuple[int, int]]]] = {}
+    for units, _, mv in plans.values():
+        if (id(units), id(mv), 0) not in out:
+            for i, u in enumerate(units):
+                out[(id(units), id(mv), i)] = (u, mv.hops(u.hops()))
+    return out
+
+
 def _grid(plans: dict, timing: EpochTiming) -> dict[tuple[int, int, int], int]:
     """The transfers kept on a grid of starts, as (units' id, move's id, unit index) -> the grid's
-    step: those whose every hop is on a link that takes one chunk per window of w epochs, the same
-    w for all (w >= 2), and whose links only such transfers use, each link at one phase (offset
-    mod w). On those links, starts on the grid fill every window end to end; a link that other
-    transfers or other phases also use would only be cut into gaps."""
+    step: those whose hops on links with a window (b > 0) are all on links that take one chunk per
+    window of the same w epochs (w >= 2), links that only such transfers use, each at one phase
+    (offset mod w). On those links, starts on the grid fill every window end to end; a link that
+    other transfers or other phases also use would only be cut into gaps. Links that take a chunk
+    an epoch have no window to cut: any start suits them."""
     b, cap = timing.beta_epochs.tolist(), timing.window_cap.tolist()
-    seen: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+    distinct = _distinct(plans)
+    seen = {key: hops for key, (_, hops) in distinct.items()}
     cand: dict[tuple[int, int, int], int] = {}
-    for units, _, mv in plans.values():
-        for i, u in enumerate(units):
-            key = (id(units), id(mv), i)
-            if key in seen:
-                continue
-            seen[key] = hops = mv.hops(u.hops())
-            # links that take a chunk an epoch (b = 0) have no window to cut: any start suits them
-            w = {b[li] + 1 if cap[li] == 1 else 0 for li, _ in hops if b[li] > 0}
-            if len(w) == 1 and min(w) >= 2 and not u.branches:  # a multicast's children leave at their own times
-                cand[key] = w.pop()
+    for key, (u, hops) in distinct.items():
+        w = {b[li] + 1 if cap[li] == 1 else 0 for li, _ in hops if b[li] > 0}
+        if len(w) == 1 and min(w) >= 2 and not u.branches:  # a multicast's children leave at their own times
+            cand[key] = w.pop()
     while True:
         phase: dict[int, set] = {}
         for key, hops in seen.items():
@@ -201,25 +208,22 @@ def _other_routes(topo: Topology, timing: EpochTiming, plans: dict) -> dict[tupl
         outs.setdefault(lk.src, []).append(li)
     same = np.stack([timing.hop_delay, timing.beta_epochs, timing.window_cap], axis=1).tolist()
     out: dict[tuple[int, int, int], list[list[tuple[int, int]]]] = {}
-    for units, _, mv in plans.values():
-        for i, u in enumerate(units):
-            key = (id(units), id(mv), i)
-            if key in out or u.branches:
+    for key, (u, hops) in _distinct(plans).items():
+        if u.branches:
+            continue
+        alts = []
+        for j in range(len(hops) - 1):
+            (a, off_a), (b, off_b) = hops[j], hops[j + 1]
+            x, y, z = topo.links[a].src, topo.links[a].dst, topo.links[b].dst
+            if nodes[y].is_gpu or nodes[y].copy:
                 continue
-            hops = mv.hops(u.hops())
-            alts = []
-            for j in range(len(hops) - 1):
-                (a, off_a), (b, off_b) = hops[j], hops[j + 1]
-                x, y, z = topo.links[a].src, topo.links[a].dst, topo.links[b].dst
-                if nodes[y].is_gpu or nodes[y].copy:
-                    continue
-                for la in outs.get(x, ()):
-                    y2 = topo.links[la].dst
-                    lb = link_of.get((y2, z))
-                    if y2 != y and lb is not None and not nodes[y2].is_gpu and not nodes[y2].copy and same[la] == same[a] and same[lb] == same[b]:
-                        alts.append(hops[:j] + [(la, off_a), (lb, off_b)] + hops[j + 2:])
-            if alts:
-                out[key] = alts
+            for la in outs.get(x, ()):
+                y2 = topo.links[la].dst
+                lb = link_of.get((y2, z))
+                if y2 != y and lb is not None and not nodes[y2].is_gpu and not nodes[y2].copy and same[la] == same[a] and same[lb] == same[b]:
+                    alts.append(hops[:j] + [(la, off_a), (lb, off_b)] + hops[j + 2:])
+        if alts:
+            out[key] = alts
     return out
 
 
@@ -339,7 +343,7 @@ def forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing, 
     every root is placed on its own."""
     images = packing.images
     if routed:  # other routes use links the symmetry check did not see: every root on its own
-        return _forest_sends(topo, demand, timing, packing, order, split, serial, deadline, orbit=False, routed=True)
+        return _forest_sends(topo, demand, timing, packing, order, split, serial, deadline, orbit=False, slotted=slotted, routed=True)
     if (images is not None and len(images.of_root) == len(images.node) * len(packing.trees)
             and _free_on(images.link, {li for ts in packing.trees.values() for t in ts for e in t.edges for li in e.links})):
         try:
@@ -460,7 +464,7 @@ def _forest_sends(topo: Topology, demand, timing: EpochTiming, packing: Packing,
         start, p1, p2, _, s, c, i, left = heapq.heappop(heap)
         units, _, mv = plans[(s, c)]
         u = units[i]
-        w = slot(i, s, c) if left is None else 0
+        w = slot(i, s, c) if (grid or others) and left is None else 0
         if w:
             if start % w:  # to the grid: a start between two slots would waste part of each window
                 heapq.heappush(heap, (start + w - start % w, p1, p2, seq, s, c, i, left))
