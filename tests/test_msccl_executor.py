@@ -1,8 +1,13 @@
-"""MSCCL XML judged by the executor's rules (issue #26): ``flowride verify FILE`` on the public
-algorithms of Azure/msccl-scheduler and msccl-tools, and on small hand-written algorithms that
-each break one rule of Azure/msccl-executor-nccl (parser ``src/misc/msccl/msccl_parser.cc``,
+"""MSCCL XML judged by the executor's rules (issue #26): ``flowride verify FILE`` on algorithms of
+the kinds MSCCL deployments ship (written here from their definitions by ``msccl_fixtures``), on
+msccl-tools' one-step AllReduce as its compiler writes it, and on small hand-written algorithms
+that each break one rule of Azure/msccl-executor-nccl (parser ``src/misc/msccl/msccl_parser.cc``,
 kernel ``src/device/msccl_kernel.cu``, connection FIFOs ``src/device/prims_*.h``); flowride's own
-exports still pass under those rules."""
+exports still pass under those rules.
+
+Most cases call the CLI's own ``main`` in this process (the same parsing, library calls and
+printing as the command, without a Python start each); a few run it as a subprocess, as a user
+does, to show the command itself ends with one clean line."""
 
 from __future__ import annotations
 
@@ -11,10 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from clirun import assert_clean_error, cli
+import msccl_fixtures as fx
+from clirun import Ran, assert_clean_error, cli
+from flowride.cli import main
 from flowride.collectives.demand import make_demand
 from flowride.errors import InvalidSchedule
 from flowride.program import check_executor, lower, to_msccl_xml, write_msccl
+from flowride.program.msccl_rules import tb_groups
 from flowride.program.msccl_xml import parse_algo
 from flowride.schedule.ir import Schedule
 from flowride.schedule.reduce import allreduce_from_allgather, reduce_scatter_from_allgather
@@ -47,6 +55,21 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     p = tmp_path / name
     p.write_text(text)
     return p
+
+
+def verify(capsys, *args) -> Ran:
+    """``flowride verify ARGS`` through the CLI's ``main`` in this process, its output captured."""
+    capsys.readouterr()
+    code = main(["verify", *map(str, args)])
+    out, err = capsys.readouterr()
+    return Ran(code, out, err, 0.0, 0.0)
+
+
+@pytest.fixture(scope="module")
+def xmls(tmp_path_factory) -> dict[str, Path]:
+    """Every algorithm of ``msccl_fixtures`` with its default sizes, written once for the module."""
+    d = tmp_path_factory.mktemp("msccl")
+    return {name: write(d, f"{name}.xml", build()) for name, build in fx.ALGORITHMS.items()}
 
 
 def allgather2(self_dep_hasdep: int | None = None) -> str:
@@ -98,20 +121,41 @@ def many_local(ntbs: int) -> str:
 # 1. correct algorithms the schedule model cannot place are judged by the executor run
 
 
-def test_one_pass_allpairs_allreduce_is_valid():
-    """ap-1pass.xml: receives into scratch, reduced later by fused re steps; the schedule model
-    finds no placement ("circular"), the executor run computes the AllReduce."""
-    r = cli("verify", DATA / "ndv4_ap-1pass.xml")
+def test_one_pass_allpairs_allreduce_is_valid(xmls):
+    """All-pairs one-pass AllReduce (4 GPUs, 2 instances, LL): receives into scratch, added later
+    by fused re steps; the schedule model finds no placement ("circular"), the executor run
+    computes the AllReduce. 96 chunk transfers: each of 4 GPUs sends its 8 chunks to 3 peers; 8
+    thread blocks per GPU: per instance, one per peer and one that reduces."""
+    r = cli("verify", xmls["allpairs_allreduce"])
     assert r.code == 0, r.err
-    assert r.out.startswith("valid: allreduce on 8 GPUs by the executor's rules"), r.out
+    assert r.out.startswith("valid: allreduce on 4 GPUs by the executor's rules"), r.out
     assert "not timed" in r.out and "circular" in r.out
-    assert "in-place run correct (LL, 8 unreceived send(s) per connection, 1792 chunk transfers, up to 32 thread blocks per GPU)" in r.out
+    assert "in-place run correct (LL, 8 unreceived send(s) per connection, 96 chunk transfers, up to 8 thread blocks per GPU)" in r.out
     assert r.err == ""
 
 
-def test_msccl_tools_allreduce_1step_is_valid_but_lacks_what_the_executor_requires():
+def test_the_executor_fuses_the_re_steps_of_one_chunk():
+    """Read as the executor's parser builds transmissions: the reduce thread block's 3 re steps on
+    one chunk (one per peer) are one reduction, the first carrying the last of its 3 dependencies
+    (the 2 others on nops before it); so 4 reductions per instance, not 12. At 8 GPUs each chunk
+    takes 7 re steps, and the thread block's 16th re ends a fused run (MSCCL_MAX_REDUCE_FUSION):
+    chunk 2's run (re 15 to 21) is cut after its 2nd step."""
+    algo = parse_algo(fx.allpairs_allreduce(), "ap.xml")
+    g = algo.gpus[0]
+    red = g.tbs[3]  # instance 0: thread blocks 0-2 talk to the 3 peers, 3 reduces
+    groups = tb_groups(algo.reader, g, red)
+    assert [len(steps) for steps, _ in groups] == [3, 3, 3, 3]
+    assert groups[0][1] == [(0, 1), (1, 1), (2, 1)] and all(deps == [] for _, deps in groups[1:])
+    big = parse_algo(fx.allpairs_allreduce(n=8, instances=1), "ap8.xml")
+    sizes = [len(steps) for steps, _ in tb_groups(big.reader, big.gpus[0], big.gpus[0].tbs[7])]
+    assert sizes == [7, 7, 2, 5, 7, 7, 7, 7, 7] and sum(sizes) == 56
+    rep = check_executor(big)
+    assert (rep.transfers, rep.thread_blocks) == (8 * 7 * 8, 8)  # 8 GPUs send 8 chunks to 7 peers
+
+
+def test_msccl_tools_allreduce_1step_is_valid_but_lacks_what_the_executor_requires(capsys):
     path = DATA / "allreduce_1step_4gpus.xml"
-    r = cli("verify", path)
+    r = verify(capsys, path)
     assert r.code == 0 and r.out.startswith("valid: allreduce on 4 GPUs"), (r.out, r.err)
     warnings = [ln for ln in r.err.splitlines() if ln.strip()]
     assert len(warnings) == 3 and all(ln.startswith("warning: ") and "the executor's parser requires it" in ln for ln in warnings)
@@ -120,34 +164,49 @@ def test_msccl_tools_allreduce_1step_is_valid_but_lacks_what_the_executor_requir
     assert_clean_error(cli("verify", path, "--strict"), 1, "invalid: ", "algo.outofplace", "(and 2 more)", "--strict")
 
 
-@pytest.mark.parametrize("name", ["ndv4_a2a2ll", "ndv4_ag-1k-512k", "ndv4_r48ll128", "ncv4_ar_hier_12_Simple", "ncv4_ag_hier_4_Simple"])
-def test_public_algorithms_verify(name):
-    r = cli("verify", DATA / f"{name}.xml", "--strict", "--sms", "a100")
+PUBLIC_KINDS = {  # what each must show: valid under --strict on an A100, and which mode it runs
+    "allpairs_alltoall": "out-of-place run correct (LL,",
+    "direct_allgather": "in-place run correct (LL,",
+    "ring_allreduce": "in-place run correct (LL128,",
+    "hier_allreduce": "in-place run correct (Simple,",
+    "hier_allgather": "out-of-place run correct (Simple,",
+}
+
+
+@pytest.mark.parametrize("name", PUBLIC_KINDS)
+def test_public_style_algorithms_verify(capsys, xmls, name):
+    r = verify(capsys, xmls[name], "--strict", "--sms", "a100")
     assert r.code == 0 and r.out.startswith("valid: "), (r.out, r.err)
-    assert "executor rules: " in r.out and r.err == ""
+    assert "executor rules: " + PUBLIC_KINDS[name] in r.out and r.err == ""
 
 
-def test_public_ones_break_when_a_reduction_is_dropped(tmp_path):
-    text = (DATA / "ndv4_ap-1pass.xml").read_text()
-    last = '<step s="18" type="re" srcbuf="s" srcoff="48" dstbuf="i" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>'
-    assert last in text
-    r = cli("verify", write(tmp_path, "short.xml", text.replace(last, "", 1)))
-    assert_clean_error(r, 1, "invalid: short.xml:gpu[0]: in-place run: rank 0 i[0] holds chunk (0, 0) with contributions of rank(s) 0, 1, 2, 3, 4, 5, 6 at the end")
+def test_public_style_ones_break_when_a_reduction_is_dropped(tmp_path, capsys):
+    # GPU 0 leaves out adding GPU 3's copy of chunk 0 (block 0, chunk 0): it ends with ranks 0-2
+    short = write(tmp_path, "short.xml", fx.allpairs_allreduce(drop=(0, 0, 3)))
+    assert_clean_error(cli("verify", short), 1, "invalid: short.xml:gpu[0]: in-place run: rank 0 i[0] holds chunk (0, 0) "
+                       "with contributions of rank(s) 0, 1, 2 at the end")
+    # one ring of 4 (one chunk per block): at t = 1 GPU 0 receives chunk (0 - 1) mod 4 = 3 and adds
+    # its own; made an rcs, it passes chunk 3 on without rank 0's part, which every GPU then lacks
+    ring = fx.ring_allreduce(n=4, rings=1)
+    assert '<step s="1" type="rrs" srcbuf="i" srcoff="3"' in ring
+    bad = write(tmp_path, "ring.xml", ring.replace('<step s="1" type="rrs"', '<step s="1" type="rcs"', 1))
+    assert_clean_error(verify(capsys, bad), 1, "invalid: ring.xml:gpu[0]: in-place run: rank 0 i[3] holds chunk (3, 0) with "
+                       "contributions of rank(s) 1, 2, 3 at the end", "the allreduce is not computed")
 
 
 # ---------------------------------------------------------------------------------------------
 # 2. a dependency that is never released
 
 
-def test_waiting_on_an_own_step_without_hasdep_is_refused(tmp_path):
-    r = cli("verify", write(tmp_path, "self.xml", allgather2(self_dep_hasdep=0)))
+def test_waiting_on_an_own_step_without_hasdep_is_refused(capsys, tmp_path):
+    r = verify(capsys, write(tmp_path, "self.xml", allgather2(self_dep_hasdep=0)))
     assert_clean_error(r, 1, "invalid: self.xml:gpu[0]/tb[0]/step[0].hasdep: gpu[0]/tb[0]/step[1] (its own thread block) waits for this step",
                        "never signals", "spins forever")
-    r = cli("verify", write(tmp_path, "ok.xml", allgather2(self_dep_hasdep=1)), "--strict")
+    r = verify(capsys, write(tmp_path, "ok.xml", allgather2(self_dep_hasdep=1)), "--strict")
     assert r.code == 0 and r.out.startswith("valid: "), (r.out, r.err)
 
 
-def test_waiting_on_a_silent_step_released_later_warns(tmp_path):
+def test_waiting_on_a_silent_step_released_later_warns(capsys, tmp_path):
     """The flag only grows: a wait on a step with hasdep 0 ends when a later step of that thread
     block signals, later than written (a warning, not a hang)."""
     gs = []
@@ -157,30 +216,32 @@ def test_waiting_on_a_silent_step_released_later_warns(tmp_path):
         gs.append(gpu(g, 1, 2, 0, sender, tb(1, -1, o, step(0, "r", "i", 0, "o", o), step(1, "r", "s", -1, "s", 0), chan=0),
                       tb(2, -1, -1, step(0, "cpy", "i", 0, "o", g, depid=0, deps=0))))
     text = algo([x.replace('s_chunks="0"', 's_chunks="1"') for x in gs], "allgather", 2)
-    r = cli("verify", write(tmp_path, "late.xml", text))
+    r = verify(capsys, write(tmp_path, "late.xml", text))
     assert r.code == 0, r.err
     assert "warning: late.xml:gpu[0]/tb[2]/step[0]: waits for gpu[0]/tb[0]/step[0], which does not signal; the executor releases it only when gpu[0]/tb[0]/step[1] does" in r.err
-    assert_clean_error(cli("verify", tmp_path / "late.xml", "--strict"), 1, "does not signal", "--strict")
+    assert_clean_error(verify(capsys, tmp_path / "late.xml", "--strict"), 1, "does not signal", "--strict")
 
 
 # ---------------------------------------------------------------------------------------------
 # 3. both modes checked
 
 
-def test_in_place_and_out_of_place_are_both_run(tmp_path):
+def test_in_place_and_out_of_place_are_both_run(tmp_path, capsys, xmls):
     # the one-pass AllReduce is correct in place only: marked for both, the out-of-place run fails
     text = (DATA / "allreduce_1step_4gpus.xml").read_text().replace('inplace="1"', 'inplace="1" outofplace="1" minBytes="0" maxBytes="0"', 1)
-    r = cli("verify", write(tmp_path, "both.xml", text))
+    r = verify(capsys, write(tmp_path, "both.xml", text))
     assert_clean_error(r, 1, "invalid: both.xml:gpu[0]: out-of-place run: rank 0 o[0] holds nothing at the end",
                        "the algorithm is also marked in-place, and that run is correct")
     # an AllGather copying its input block into place after sending it is correct in both
-    r = cli("verify", write(tmp_path, "ag.xml", allgather2().replace('inplace="0"', 'inplace="1"')))
+    r = verify(capsys, write(tmp_path, "ag.xml", allgather2().replace('inplace="0"', 'inplace="1"')))
     assert r.code == 0 and "in-place and out-of-place runs correct" in r.out, (r.out, r.err)
-    # the all-pairs AlltoAll of msccl-scheduler is out of place: in place, a receive overwrites a
-    # block another thread block is still sending
-    text = (DATA / "ndv4_a2a2ll.xml").read_text().replace('inplace="0"', 'inplace="1"', 1)
-    r = cli("verify", write(tmp_path, "a2a.xml", text))
-    assert_clean_error(r, 1, "invalid: a2a.xml:gpu[0]/tb[0]/step[0]: writes o[2] while gpu[0]/tb[14]/step[0] reads i[2]",
+    # the all-pairs AlltoAll is out of place: in place, a receive overwrites a block another
+    # thread block is still sending. On GPU 0 (blocks of 2 chunks), thread block 0 receives from
+    # GPU 1 into o[1 * 2 + 0] = o[2], which in place is i[2], the chunk thread block 3 (the first
+    # send thread block, after the 3 receive ones of instance 0) sends to GPU 1.
+    text = xmls["allpairs_alltoall"].read_text().replace('inplace="0"', 'inplace="1"', 1)
+    r = verify(capsys, write(tmp_path, "a2a.xml", text))
+    assert_clean_error(r, 1, "invalid: a2a.xml:gpu[0]/tb[0]/step[0]: writes o[2] while gpu[0]/tb[3]/step[0] reads i[2]",
                        "(a race, in-place run); the algorithm is also marked out-of-place, and that run is correct")
 
 
@@ -189,28 +250,28 @@ def test_in_place_and_out_of_place_are_both_run(tmp_path):
 
 
 @pytest.mark.parametrize("attr", ["proto", "nchannels", "outofplace", "minBytes", "maxBytes", "inplace"])
-def test_a_missing_required_attribute_warns_and_strict_fails(tmp_path, attr):
+def test_a_missing_required_attribute_warns_and_strict_fails(capsys, tmp_path, attr):
     text = re.sub(f' {attr}="[^"]*"', "", allgather2(), count=1)
     path = write(tmp_path, "m.xml", text)
-    r = cli("verify", path)
+    r = verify(capsys, path)
     assert r.code == 0 and r.out.startswith("valid: "), (r.out, r.err)
     assert f"warning: m.xml:algo.{attr}: is missing: the executor's parser requires it and refuses the file" in r.err
-    assert_clean_error(cli("verify", path, "--strict"), 1, f"invalid: m.xml:algo.{attr}: is missing", "(--strict)")
+    assert_clean_error(verify(capsys, path, "--strict"), 1, f"invalid: m.xml:algo.{attr}: is missing", "(--strict)")
 
 
 # ---------------------------------------------------------------------------------------------
 # 5. connections hold a bounded number of unreceived sends
 
 
-def test_three_sends_before_a_receive_deadlock_with_simple(tmp_path):
-    r = cli("verify", write(tmp_path, "burst.xml", burst("Simple")))
+def test_three_sends_before_a_receive_deadlock_with_simple(capsys, tmp_path):
+    r = verify(capsys, write(tmp_path, "burst.xml", burst("Simple")))
     assert_clean_error(r, 1, "invalid: burst.xml:gpu[0]/tb[0]/step[2]: deadlock (out-of-place run): waits for room to send to GPU 1 on channel 0",
                        "holds 2 unreceived send(s) with Simple", "thread block 0 of GPU 1 is stuck at gpu[1]/tb[0]/step[2]")
     # two fit with Simple; LL and LL128 hold eight
     for proto, sends in (("Simple", 2), ("LL", 3), ("LL128", 8)):
-        r = cli("verify", write(tmp_path, f"{proto}{sends}.xml", burst(proto, sends)), "--strict")
+        r = verify(capsys, write(tmp_path, f"{proto}{sends}.xml", burst(proto, sends)), "--strict")
         assert r.code == 0, (proto, sends, r.err)
-    assert_clean_error(cli("verify", write(tmp_path, "ll9.xml", burst("LL", 9))), 1, "deadlock", "holds 8 unreceived send(s) with LL")
+    assert_clean_error(verify(capsys, write(tmp_path, "ll9.xml", burst("LL", 9))), 1, "deadlock", "holds 8 unreceived send(s) with LL")
 
 
 def test_exports_cut_connections_the_bounded_fifo_would_block():
@@ -230,36 +291,36 @@ def test_exports_cut_connections_the_bounded_fifo_would_block():
 # 6. a size range the scheduler never picks
 
 
-def test_max_bytes_below_min_bytes_is_refused(tmp_path):
+def test_max_bytes_below_min_bytes_is_refused(capsys, tmp_path):
     text = allgather2().replace('minBytes="0" maxBytes="0"', 'minBytes="4096" maxBytes="1024"')
-    assert_clean_error(cli("verify", write(tmp_path, "range.xml", text)), 1,
+    assert_clean_error(verify(capsys, write(tmp_path, "range.xml", text)), 1,
                        "invalid: range.xml:algo.maxBytes: 1024 is below minBytes (4096), so the executor never picks the algorithm")
     ok = allgather2().replace('minBytes="0" maxBytes="0"', 'minBytes="4096" maxBytes="0"')
-    assert cli("verify", write(tmp_path, "open.xml", ok), "--strict").code == 0
+    assert verify(capsys, write(tmp_path, "open.xml", ok), "--strict").code == 0
 
 
 # ---------------------------------------------------------------------------------------------
 # 7. thread blocks per GPU against the SMs that must hold them all
 
 
-def test_thread_blocks_are_capped_by_the_gpu(tmp_path):
+def test_thread_blocks_are_capped_by_the_gpu(capsys, tmp_path):
     path = write(tmp_path, "ag.xml", allgather2())
-    assert_clean_error(cli("verify", path, "--sms", "2"), 1, "invalid: ag.xml:gpu[0]: has 3 thread blocks, and a GPU with 2 SMs holds 2 at once")
-    assert cli("verify", path, "--sms", "3").code == 0
+    assert_clean_error(verify(capsys, path, "--sms", "2"), 1, "invalid: ag.xml:gpu[0]: has 3 thread blocks, and a GPU with 2 SMs holds 2 at once")
+    assert verify(capsys, path, "--sms", "3").code == 0
     wide = write(tmp_path, "wide.xml", many_local(83))
-    r = cli("verify", wide)
+    r = verify(capsys, wide)
     assert r.code == 0 and "warning: wide.xml:algo: a GPU runs 83 thread blocks" in r.err and "(v100: 80)" in r.err, r.err
-    assert_clean_error(cli("verify", wide, "--strict"), 1, "83 thread blocks", "--strict")
-    assert cli("verify", wide, "--strict", "--sms", "h100").code == 0
-    assert_clean_error(cli("verify", wide, "--sms", "v100"), 1, "has 83 thread blocks, and a GPU with 80 SMs")
+    assert_clean_error(verify(capsys, wide, "--strict"), 1, "83 thread blocks", "--strict")
+    assert verify(capsys, wide, "--strict", "--sms", "h100").code == 0
+    assert_clean_error(verify(capsys, wide, "--sms", "v100"), 1, "has 83 thread blocks, and a GPU with 80 SMs")
     assert_clean_error(cli("verify", wide, "--sms", "tpu"), 2, "--sms", "neither a number of SMs nor a known GPU")
 
 
-def test_sms_applies_to_xml_only(tmp_path):
+def test_sms_applies_to_xml_only(capsys, tmp_path):
     sched = tmp_path / "s.json"
     _schedules()[0].save(sched)
-    assert_clean_error(cli("verify", sched, "--sms", "80"), 2, "--sms", "XML only")
-    assert cli("verify", sched, "--strict").code == 0
+    assert_clean_error(verify(capsys, sched, "--sms", "80"), 2, "--sms", "XML only")
+    assert verify(capsys, sched, "--strict").code == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,12 +340,12 @@ def _schedules(name: str = "ring", chunks: int = 2) -> tuple[Schedule, ...]:
 
 
 @pytest.mark.parametrize("name", ["ring", "dgx1"])
-def test_flowride_exports_verify_strictly(tmp_path, name):
+def test_flowride_exports_verify_strictly(capsys, tmp_path, name):
     for k, sched in enumerate(_schedules(name)):
         for proto in ("Simple", "LL"):
             for unfused in (False, True):
                 path = tmp_path / f"{k}{proto}{unfused}.xml"
                 write_msccl(lower(sched), path, proto=proto, unfused=unfused)
-                r = cli("verify", path, "--strict", "--sms", "v100")
+                r = verify(capsys, path, "--strict", "--sms", "v100")
                 assert r.code == 0 and r.out.startswith("valid: ") and "executor rules: " in r.out, (k, proto, unfused, r.out, r.err)
                 assert ("in-place run" if unfused else "out-of-place run") in r.out

@@ -1,6 +1,8 @@
 """MSCCL++ execution plans: flowride's plans keep the executor's rules and compute their
-collective (symbolic run), every broken rule is caught, mscclpp's own example plans read, verify
-and are timed, and ``flowride verify`` takes plans beside schedules and MSCCL XML."""
+collective (symbolic run), every broken rule is caught, plans of the kinds MSCCL++ ships for a
+2-GPU AllReduce (``rres`` with signals; LL packets through scratch, written here from their
+definitions by ``mscclpp_fixtures``) read, verify and are timed, and ``flowride verify`` takes
+plans beside schedules and MSCCL XML."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clirun import assert_clean_error, cli
+import mscclpp_fixtures as ppfx
+from clirun import Ran, assert_clean_error, cli
+from flowride.cli import main
 from flowride.errors import InputError, InvalidSchedule
 from flowride.program import (
     check_program,
@@ -34,8 +38,7 @@ from flowride.topology.builtins import build_topology
 from test_msccl import _baseline, schedules
 from test_properties import topologies
 
-DATA = Path(__file__).resolve().parent / "data" / "mscclpp"
-EXAMPLES = ["allreduce.json", "allreduce_packet.json"]
+EXAMPLES = list(ppfx.PLANS)  # rres_allreduce.json (Simple), packet_allreduce.json (LL)
 COLLS = ["allgather", "alltoall", "reducescatter", "allreduce"]
 
 
@@ -55,6 +58,27 @@ def judge(obj: dict) -> tuple[list[str], list[str]]:
 
 def channel_types(obj: dict) -> set[str]:
     return {c["channel_type"] for g in obj["gpus"] for c in g["channels"]}
+
+
+def op_names(obj: dict) -> set[str]:
+    return {op["name"] for g in obj["gpus"] for tb in g["threadblocks"] for op in tb["ops"]}
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory) -> Path:
+    """The 2-GPU AllReduce plans of ``mscclpp_fixtures``, written once for the module."""
+    d = tmp_path_factory.mktemp("mscclpp")
+    for name, build in ppfx.PLANS.items():
+        (d / name).write_text(json.dumps(build(), indent=1))
+    return d
+
+
+def verify_in_process(capsys, *args) -> Ran:
+    """``flowride verify ARGS`` through the CLI's ``main`` in this process, its output captured."""
+    capsys.readouterr()
+    code = main(["verify", *map(str, args)])
+    out, err = capsys.readouterr()
+    return Ran(code, out, err, 0.0, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,29 +290,44 @@ def test_unknown_op_names_its_path():
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_mscclpp_example_plans_read_verify_and_are_timed(name):
-    v = verify_mscclpp(DATA / name)
+def test_mscclpp_style_plans_read_verify_and_are_timed(examples, name):
+    v = verify_mscclpp(examples / name)
     assert (v.collective, v.ngpus, v.inplace) == ("allreduce", 2, True)
     assert v.schedule is not None and v.sim.valid and v.sim.finish_time_s > 0, v.unplaced
-    prog = read_mscclpp(DATA / name)
-    assert check_program(prog) == [] and prog.chunks * prog.ngpus == json.loads((DATA / name).read_text())["gpus"][0]["input_chunks"]
+    prog = read_mscclpp(examples / name)
+    obj = json.loads((examples / name).read_text())
+    assert check_program(prog) == [] and prog.chunks * prog.ngpus == obj["gpus"][0]["input_chunks"]
+    # the features each stands for
+    assert channel_types(obj) == {"memory"}
+    if obj["protocol"] == "Simple":  # 4 thread blocks per GPU, each reducing one chunk of its block over a peer's memory
+        assert op_names(obj) == {"signal", "wait", "nop", "rres"} and all(len(g["threadblocks"]) == 4 for g in obj["gpus"])
+        assert all(g["scratch_chunks"] == 0 for g in obj["gpus"])
+    else:  # LL packets through scratch, flags instead of signals
+        assert op_names(obj) == {"ppkt", "respkt", "upkt"} and obj["use_double_scratch_buffer"]
+        assert all(g["scratch_chunks"] > 0 for g in obj["gpus"])
 
 
-def test_cli_verify_takes_plans_schedules_and_refuses_broken_plans(tmp_path):
-    r = cli("verify", DATA / "allreduce.json")
+@pytest.mark.parametrize("build", ppfx.PLANS.values(), ids=list(ppfx.PLANS))
+def test_mscclpp_style_plans_hold_for_more_gpus(build):
+    """Written for any number of GPUs: with 3, each reduction reads two peers."""
+    assert judge(build(n=3)) == ([], [])
+
+
+def test_cli_verify_takes_plans_schedules_and_refuses_broken_plans(tmp_path, capsys, examples):
+    r = cli("verify", examples / "rres_allreduce.json")
     assert r.code == 0 and "valid:" in r.out and "MSCCL++ rules hold" in r.out, (r.out, r.err)
     sched = tmp_path / "sched.json"
     schedules("dgx1", 2)[0].save(sched)
-    r = cli("verify", sched)
+    r = verify_in_process(capsys, sched)
     assert r.code == 0 and "valid:" in r.out and "MSCCL++" not in r.out
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(mutated(_drop_wait)))
-    assert_clean_error(cli("verify", bad), 1, "breaks the executor's rules", "every signal needs its wait")
+    assert_clean_error(verify_in_process(capsys, bad), 1, "breaks the executor's rules", "every signal needs its wait")
     odd = copy.deepcopy(plan_of("dgx1", "allgather", "Simple"))
     ops_of(odd, 0)[0]["name"] = "teleport"
     (tmp_path / "odd.json").write_text(json.dumps(odd))
     assert_clean_error(cli("verify", tmp_path / "odd.json"), 2, "plan.gpus[0].threadblocks[0].ops[0].name")
-    assert_clean_error(cli("verify", DATA / "allreduce.json", "--sms", "80"), 2, "--sms")
+    assert_clean_error(verify_in_process(capsys, examples / "rres_allreduce.json", "--sms", "80"), 2, "--sms")
 
 
 def test_data_op_without_buffers_is_a_finding_not_a_crash():
@@ -340,14 +379,14 @@ UNMODELLED = [
 
 
 @pytest.mark.parametrize("mutate,feature", UNMODELLED, ids=[f.__name__ for f, _ in UNMODELLED])
-def test_unmodelled_features_are_refused_naming_the_feature(mutate, feature, tmp_path):
+def test_unmodelled_features_are_refused_naming_the_feature(mutate, feature, tmp_path, capsys):
     obj = mutated(mutate)
     with pytest.raises(InputError) as e:
         from_mscclpp_json(obj)
     # named in the reason itself (not only in the advice after it), before the rules judge the plan
     assert type(e.value) is InputError and feature in e.value.problem and "\n" not in str(e.value), e.value
     (tmp_path / "p.json").write_text(json.dumps(obj))
-    assert_clean_error(cli("verify", tmp_path / "p.json"), 2, "cannot be checked", feature)
+    assert_clean_error(verify_in_process(capsys, tmp_path / "p.json"), 2, "cannot be checked", feature)
 
 
 def test_unmodelled_feature_is_refused_before_rules_that_do_not_cover_it():
@@ -414,11 +453,11 @@ def test_writer_looks_at_each_step_once(monkeypatch):
 
 def test_executor_table_limits_are_reported():
     """The executor copies a thread block's ops into a table of 64 (MAX_OPERATION; it refuses to
-    launch more) and its channels of a type into one of 16: mscclpp's plans keep within them."""
+    launch more) and its channels of a type into one of 16: the MSCCL++-style plans keep within them."""
     from flowride.program.mscclpp_rules import check_limits
 
-    for name in EXAMPLES:
-        assert check_limits(parse_plan(json.loads((DATA / name).read_text()))) == []
+    for build in ppfx.PLANS.values():
+        assert check_limits(parse_plan(build())) == []
     big = parse_plan(copy.deepcopy(plan_of("dgx1", "allreduce", "Simple")))
     tb = big.gpus[0].threadblocks[0]
     tb.ops = tb.ops + [copy.deepcopy(tb.ops[-1]) for _ in range(65)]

@@ -1,10 +1,11 @@
 """Topology dumps as real machines and their tools write them (issue #26, "topology dumps").
 
-Each case goes through the CLI (``flowride topology --from-...``) with an input written in the
+Each case goes through the CLI (``flowride topology --from-...``; its ``main`` in this process,
+or a subprocess where the command's own one-line exit is the point) with an input written in the
 tool's public format, and asserts the link bandwidths it builds, the notes it prints (every guess
 and every resolution is said) or the one-line error it gives:
 
-1. Azure's NC A100 v4 NCCL XML, whose NVLinks each name the GPU's own bus id;
+1. an NCCL XML of a machine like Azure's NC A100 v4, whose NVLinks each name the GPU's own bus id;
 2. the generation table: Blackwell, Hopper and Ampere variants, Ada and Ampere workstation cards,
    guesses that say they are guesses (NV18 is H100 or B300 alike), PCIe-only boxes;
 3. ``rocm-smi --showtopo`` of MI300X and MI250X boxes;
@@ -15,13 +16,16 @@ and every resolution is said) or the one-line error it gives:
 
 from __future__ import annotations
 
+import io
 import json
 import re
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
-from clirun import ROOT, assert_clean_error, cli
+from clirun import ROOT, Ran, assert_clean_error, cli
+from flowride.cli import main
 from flowride.errors import InputError
 from flowride.topology import load_topology
 from flowride.topology.generations import GENERATIONS, apply_link_table
@@ -31,14 +35,23 @@ from flowride.topology.nvsmi import import_nvidia_smi
 from flowride.topology.rocm_smi import import_rocm_smi
 
 EX = ROOT / "examples" / "topologies"
-AZURE = EX / "azure-ncv4-nccl-topo.xml"
+NCV4 = EX / "ncv4-style-nccl-topo.xml"
 MI300X, MI250X = EX / "mi300x-rocm-smi.txt", EX / "mi250x-rocm-smi.txt"
 
 
+def in_process(*args) -> Ran:
+    """The CLI's ``main`` in this process (the same parsing, import and printing as the command,
+    without a Python start per case), its stdout and stderr captured."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return Ran(code, out.getvalue(), err.getvalue(), 0.0, 0.0)
+
+
 def run(tmp_path: Path, flag: str, src: Path, *extra: str) -> tuple[dict, list[str]]:
-    """Import through the CLI; (the topology JSON it wrote, its note lines)."""
+    """Import through the CLI (in this process); (the topology JSON it wrote, its note lines)."""
     out = tmp_path / "t.json"
-    r = cli("topology", flag, src, "-o", out, *extra)
+    r = in_process("topology", flag, src, "-o", out, *extra)
     assert r.code == 0, r.err
     notes = [ln[len("note: "):] for ln in r.out.splitlines() if ln.startswith("note: ")]
     return json.loads(out.read_text()), notes
@@ -82,10 +95,10 @@ def nvl(target: str, count: int, tclass: str = "0x030200") -> str:
     return f'<nvlink target="{target}" count="{count}" tclass="{tclass}"/>'
 
 
-# ------------------------------------------------------------------------------------ 1. Azure NC A100 v4
+# ------------------------------------------------------------------------------------ 1. NC A100 v4-style
 
-def test_azure_ncv4_self_targets_become_bridged_pairs_and_are_said(tmp_path):
-    topo, notes = run(tmp_path, "--from-nccl-xml", AZURE)
+def test_ncv4_self_targets_become_bridged_pairs_and_are_said(tmp_path):
+    topo, notes = run(tmp_path, "--from-nccl-xml", NCV4)
     bw = gpu_bw(topo)
     assert bw == {(0, 1): 300.0, (1, 0): 300.0, (2, 3): 300.0, (3, 2): 300.0}  # 12 x 25 GB/s each way per bridged pair
     said = " ".join(notes)
@@ -164,7 +177,7 @@ def test_a_gpu_name_in_the_file_drives_the_guess(tmp_path):
     topo, notes = run(tmp_path, "--from-nvidia-smi", write(tmp_path, "h200.txt", names + nv_matrix(18)))
     assert "h200" in notes[0] and "name on line 1" in notes[0]
     two = names.replace("H200 (UUID: GPU-00000007", "B200 (UUID: GPU-00000007")
-    r = cli("topology", "--from-nvidia-smi", write(tmp_path, "mixed.txt", two + nv_matrix(18)))
+    r = in_process("topology", "--from-nvidia-smi", write(tmp_path, "mixed.txt", two + nv_matrix(18)))
     assert_clean_error(r, 2, "--gpu-generation", "several generations", "h200 on line 1", "b200 on line 8")
     assert named_in("GPU[0]\t\t: Card series:\t\tAMD Instinct MI300X OAM", "amd")[0] == "mi300x"
 
@@ -246,10 +259,10 @@ def test_rocm_smi_pcie_only_box_and_bad_input(tmp_path):
     done = import_rocm_smi(write(tmp_path, "one.txt", showtopo(2, 40, 2, "PCIE", [0, 1])))
     assert [nd.label for nd in done.topology.nodes][2:] == ["socket0", "numa0", "numa1"]
     bad = MI300X.read_text().replace("XGMI", "XXXX", 1)
-    assert_clean_error(cli("topology", "--from-rocm-smi", write(tmp_path, "bad.txt", bad)), 2, "XXXX", "row GPU0", "column GPU1")
+    assert_clean_error(in_process("topology", "--from-rocm-smi", write(tmp_path, "bad.txt", bad)), 2, "XXXX", "row GPU0", "column GPU1")
     none = write(tmp_path, "none.txt", "GPU[0]\t\t: (Topology) Numa Node: 0\n")
-    assert_clean_error(cli("topology", "--from-rocm-smi", none), 2, "Link Type between two GPUs")
-    assert_clean_error(cli("topology", "--from-rocm-smi", MI300X, "--gpu-generation", "h100"), 2, "--gpu-generation", "mi300x, mi250")
+    assert_clean_error(in_process("topology", "--from-rocm-smi", none), 2, "Link Type between two GPUs")
+    assert_clean_error(in_process("topology", "--from-rocm-smi", MI300X, "--gpu-generation", "h100"), 2, "--gpu-generation", "mi300x, mi250")
     assert_clean_error(cli("topology", "--from-rocm-smi", MI300X, "--from-nvidia-smi", MI300X), 2, "exactly one", "--from-rocm-smi")
     # given as topology JSON, the file names its importer
     assert_clean_error(cli("topology", "-t", MI250X), 2, "rocm-smi --showtopo", "--from-rocm-smi")
@@ -283,7 +296,7 @@ def test_sys_everywhere_is_placed_by_the_numa_column_and_noted(tmp_path):
     assert [nd.label for nd in t.nodes][4:] == ["cpu0", "cpu1"]
     # a cell within one NUMA node between GPUs the column puts on two: refused, one line
     clash = vm_matrix([0, 0, 1, 1], lambda i, j: "NODE")
-    r = cli("topology", "--from-nvidia-smi", write(tmp_path, "clash.txt", clash), "--gpu-generation", "h100")
+    r = in_process("topology", "--from-nvidia-smi", write(tmp_path, "clash.txt", clash), "--gpu-generation", "h100")
     assert_clean_error(r, 2, "row GPU0, column GPU2", "says NODE", "NUMA Affinity", "node 1")
 
 
@@ -310,8 +323,8 @@ def test_two_gpus_with_one_rank_are_refused_naming_the_second(tmp_path):
 
 
 def test_imported_files_synthesize(tmp_path):
-    out = tmp_path / "azure.json"
-    assert cli("topology", "--from-nccl-xml", AZURE, "-o", out).code == 0
+    out = tmp_path / "ncv4.json"
+    assert in_process("topology", "--from-nccl-xml", NCV4, "-o", out).code == 0
     assert len(load_topology(out).gpus) == 4
     r = cli("synth", "-t", out, "-c", "allgather", "-s", "1MB", "--chunks", "1", "--time-limit", "20")
     assert r.code == 0, r.err[-2000:]
