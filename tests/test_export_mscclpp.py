@@ -1,5 +1,8 @@
 """``flowride export --mscclpp DIR`` (issue #36): a synthesized schedule, or each size range of a
-range export, written as an MSCCL++ execution plan that ``flowride verify`` accepts."""
+range export, written as an MSCCL++ execution plan that ``flowride verify`` accepts.
+
+Most cases call ``main()`` in this process (its return is the exit code); one refusal and one
+export run as a user runs them. The 16-chunk ring, the costly synthesis, is made once."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import json
 
 import pytest
 
+from clihere import cli_here
 from clirun import assert_clean_error, cli
 from flowride.cli import main
 from flowride.program import verify_mscclpp
@@ -51,25 +55,34 @@ def test_export_both_formats_at_once(tmp_path):
     assert (tmp_path / "a.xml").exists() and len(list((tmp_path / "p").glob("*.json"))) == 1
 
 
-def test_export_refusals_are_one_line(tmp_path):
+def test_export_refusals_are_one_line(tmp_path, capfd):
     sched = tmp_path / "s.json"
     assert main(["synth", "-t", "dgx1", "-c", "allgather", "-s", "64KB", "-o", str(sched)]) == 0
     assert_clean_error(cli("export", sched), 2, "--msccl", "--mscclpp")
-    assert_clean_error(cli("export", sched, "--mscclpp", tmp_path / "p", "--proto", "LL128"), 2, "--proto", "LL128")
-    assert_clean_error(cli("export", "-t", "dgx1", "--mscclpp", tmp_path / "p", "--nccl-tuner", tmp_path / "t.csv"), 2,
+    assert_clean_error(cli_here(capfd, "export", sched, "--mscclpp", tmp_path / "p", "--proto", "LL128"), 2, "--proto", "LL128")
+    assert_clean_error(cli_here(capfd, "export", "-t", "dgx1", "--mscclpp", tmp_path / "p", "--nccl-tuner", tmp_path / "t.csv"), 2,
                        "--mscclpp")
     assert not (tmp_path / "p").exists()
+
+
+@pytest.fixture(scope="module")
+def ring8_16(tmp_path_factory):
+    """An 8-GPU ring AllGather in 16 chunks: 530 ops on GPU 0, over one thread block's 64."""
+    sched = tmp_path_factory.mktemp("ring8") / "s.json"
+    assert main(["synth", "-t", "ring", "--n", "8", "-c", "allgather", "-s", "1MB", "--chunks", "16", "-o", str(sched)]) == 0
+    return sched
 
 
 def test_a_plan_over_the_executors_limits_is_refused_not_written(tmp_path, monkeypatch, capsys):
     """A plan that no spread fits into the thread blocks allowed is refused in one line naming the
     limit and the fix, and nothing is written. (Schedules synthesized for the issue's topologies
     now fit the executor's tables, so the tables are shrunk here, to one thread block of 8 ops, to
-    reach the refusal.)"""
+    reach the refusal; a 4-GPU ring in 4 chunks needs 4 such blocks, and the search for a spread
+    that fits is short, where the 16-chunk ring's takes seconds.)"""
     import flowride.program.mscclpp_rules as rules
 
     sched = tmp_path / "s.json"
-    assert main(["synth", "-t", "ring", "--n", "8", "-c", "allgather", "-s", "1MB", "--chunks", "16", "-o", str(sched)]) == 0
+    assert main(["synth", "-t", "ring", "--n", "4", "-c", "allgather", "-s", "1MB", "--chunks", "4", "-o", str(sched)]) == 0
     monkeypatch.setattr(rules, "MAX_THREADBLOCKS", 1)
     monkeypatch.setattr(rules, "MAX_OPERATION", 8)
     capsys.readouterr()
@@ -80,26 +93,24 @@ def test_a_plan_over_the_executors_limits_is_refused_not_written(tmp_path, monke
     assert not list((tmp_path / "p").glob("*.json")) if (tmp_path / "p").exists() else True
 
 
-def test_sixteen_chunks_of_a_ring_now_fit_in_thread_blocks(tmp_path):
+def test_sixteen_chunks_of_a_ring_now_fit_in_thread_blocks(tmp_path, capfd, ring8_16):
     """What the one-thread-block writer refused (530 ops on GPU 0) is spread over thread blocks
-    that each keep within 64 ops, and verifies."""
+    that each keep within 64 ops, and verifies. The export as a process; verify in this one."""
     from flowride.program.mscclpp_rules import MAX_OPERATION, check_limits
 
-    sched = tmp_path / "s.json"
-    assert main(["synth", "-t", "ring", "--n", "8", "-c", "allgather", "-s", "1MB", "--chunks", "16", "-o", str(sched)]) == 0
-    r = cli("export", sched, "--mscclpp", tmp_path / "p")
+    r = cli("export", ring8_16, "--mscclpp", tmp_path / "p")
     assert r.code == 0, r.err
     plan = load_plan(tmp_path / "p" / "s.json")
     assert check_limits(plan) == []
     assert max(len(tb.ops) for g in plan.gpus for tb in g.threadblocks) <= MAX_OPERATION
     assert max(len(g.threadblocks) for g in plan.gpus) > 1
-    assert cli("verify", tmp_path / "p" / "s.json").code == 0
+    assert cli_here(capfd, "verify", tmp_path / "p" / "s.json").code == 0
 
 
-def test_range_export_writes_one_plan_per_range(tmp_path):
+def test_range_export_writes_one_plan_per_range(tmp_path, capfd):
     """Each range's plan carries the range's inclusive bounds, is listed in ranges.json, and verifies."""
     out, pp = tmp_path / "out", tmp_path / "out" / "mscclpp"
-    r = cli("export", "-t", "ring", "--n", "4", "-c", "allgather", "--sizes", "1KB:4MB:x4", "--out-dir", out, "--mscclpp", pp)
+    r = cli_here(capfd, "export", "-t", "ring", "--n", "4", "-c", "allgather", "--sizes", "1KB:4MB:x4", "--out-dir", out, "--mscclpp", pp)
     assert r.code == 0, r.err
     ranges = json.loads((out / "ranges.json").read_text())["ranges"]
     fit = [rg for rg in ranges if "mscclpp" in rg]
@@ -113,17 +124,16 @@ def test_range_export_writes_one_plan_per_range(tmp_path):
         assert verify_mscclpp(rg["mscclpp"]).collective == "allgather"  # raises InvalidSchedule if not
 
 
-def test_verify_calls_a_plan_over_the_limits_invalid(tmp_path):
+def test_verify_calls_a_plan_over_the_limits_invalid(tmp_path, capfd, ring8_16):
     """A plan the executor would refuse to launch (all of a GPU's ops in one thread block, over 64)
     is invalid (exit 1)."""
-    from flowride.api import synthesize
     from flowride.program import lower
     from flowride.program.mscclpp_write import build_plan
-    from flowride.topology import ring
+    from flowride.schedule import load_schedule
 
-    topo = ring(8)
-    obj = build_plan(lower(synthesize(topo, "allgather", 10**6, "fast", 16, 10.0).schedule), topo, op_budget=10**6).to_json()
+    sched = load_schedule(ring8_16)
+    obj = build_plan(lower(sched), sched.topology, op_budget=10**6).to_json()
     path = tmp_path / "big.json"
     path.write_text(json.dumps(obj))
-    r = cli("verify", path)
+    r = cli_here(capfd, "verify", path)
     assert r.code == 1 and "64" in r.err and "Traceback" not in r.err, r.err

@@ -1,5 +1,7 @@
 """The manager's files read with checks, and ``manager stop`` signalling only the manager (issue
-#26, class "manager files"): every case through ``flowride manager`` as a user runs it."""
+#26, class "manager files"): every case through ``flowride manager``, one of each kind as a
+user runs it (clirun: a subprocess), the other inputs of that kind through ``main()`` in this
+process (clihere), which returns the same exit code and prints the same line."""
 
 from __future__ import annotations
 
@@ -7,10 +9,11 @@ import json
 import socket
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
 
+from clihere import cli_here
 from clirun import assert_clean_error, cli
 from flowride.errors import InputError
 from flowride.harvest.manager_files import (
@@ -31,6 +34,13 @@ def _run_dir(tmp_path, **opts):
     return d
 
 
+def _manager(action: str, d) -> tuple:
+    return ("manager", action, "--run-dir", d)
+
+
+AS_A_PROCESS = {('{"stages": 2, "mode": "freer', "status"), ('{"stages": 2, "modes": "naive"}', "restart")}
+
+
 @pytest.mark.parametrize(("text", "needle"), [
     ('{"stages": 2, "mode": "freer', "manager.json"),  # cut short by a full disk
     ('{"stages": 2, "modes": "naive"}', "modes"),  # a key another version wrote
@@ -39,42 +49,50 @@ def _run_dir(tmp_path, **opts):
     ('[2]', "not a JSON object"),
 ])
 @pytest.mark.parametrize("action", ["status", "restart"])  # stop needs only manager.pid
-def test_a_damaged_manager_json_is_one_line(tmp_path, text, needle, action):
+def test_a_damaged_manager_json_is_one_line(tmp_path, capfd, text, needle, action):
     d = _run_dir(tmp_path)
     (d / "manager.json").write_text(text)
-    r = cli("manager", action, "--run-dir", d, timeout=30)
-    assert_clean_error(r, 2, needle, within=15)
+    r = cli(*_manager(action, d), timeout=60) if (text, action) in AS_A_PROCESS else cli_here(capfd, *_manager(action, d))
+    assert_clean_error(r, 2, needle)
+    assert not (d / "manager.pid").exists()  # no manager was started on options it could not read
 
 
 @pytest.mark.parametrize("text", ["abc", '"12"', "-5", '{"pid": true}', ""])
-def test_a_damaged_manager_pid_is_one_line(tmp_path, text):
+def test_a_damaged_manager_pid_is_one_line(tmp_path, capfd, text):
     d = _run_dir(tmp_path)
     (d / "manager.pid").write_text(text)
-    r = cli("manager", "status", "--run-dir", d)
-    assert_clean_error(r, 2, "manager.pid", within=15)
+    r = cli(*_manager("status", d)) if text == "abc" else cli_here(capfd, *_manager("status", d))
+    assert_clean_error(r, 2, "manager.pid")
 
 
 @pytest.fixture
 def stranger():
     """An unrelated process, as one that took a dead manager's pid would be."""
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    time.sleep(0.2)
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     yield p
     p.kill()
     p.wait()
 
 
+def _signals_pending(pid: int) -> int:
+    """The signals sent to ``pid`` and not yet acted on (a fatal one stays pending until the
+    process is gone), from the kernel's record."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+
+
 @pytest.mark.parametrize("old_format", [False, True])
-def test_stop_never_signals_a_process_that_reused_the_pid(tmp_path, stranger, old_format):
+def test_stop_never_signals_a_process_that_reused_the_pid(tmp_path, capfd, stranger, old_format):
     d = _run_dir(tmp_path)
     rec = stranger.pid if old_format else {"pid": stranger.pid, "start_ticks": start_ticks(stranger.pid), "run_dir": str(d)}
     (d / "manager.pid").write_text(json.dumps(rec))
-    r = cli("manager", "stop", "--run-dir", d)
+    r = cli_here(capfd, *_manager("stop", d)) if old_format else cli(*_manager("stop", d))
     assert r.code == 0, r.err
     assert "not a flowride manager" in r.out and "nothing was signalled" in r.out
-    time.sleep(0.3)
-    assert stranger.poll() is None  # still running: it was not ours to stop
-    st = cli("manager", "status", "--run-dir", d)
+    # kill() queues a signal before it returns, and stop has returned: a signal it sent would
+    # show as pending now, or the process would be gone; no waiting needed to see either
+    assert stranger.poll() is None and _signals_pending(stranger.pid) == 0  # it was not ours to stop
+    st = cli_here(capfd, *_manager("status", d))
     assert st.code == 0 and json.loads(st.out)["alive"] is False
 
 
@@ -89,8 +107,8 @@ def test_restart_with_its_port_taken_is_one_line_exit_1(tmp_path):
     s.bind(("127.0.0.1", 0))
     try:
         d = _run_dir(tmp_path, port=s.getsockname()[1])
-        r = cli("manager", "restart", "--run-dir", d, timeout=90)
-        line = assert_clean_error(r, 1, "manager restart failed", within=60)
+        r = cli("manager", "restart", "--run-dir", d, timeout=120)
+        line = assert_clean_error(r, 1, "manager restart failed")
         assert "Address already in use" in line or "in use" in line
     finally:
         s.close()

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from clihere import cli_here
 from clirun import assert_clean_error, cli
 from flowride.argtypes import PORT, SECONDS, integer, number
 from flowride.cli import build_parser
@@ -64,21 +65,31 @@ def test_bad_number_is_refused_naming_the_option_and_range(prefix, option, value
         assert e.value.code == 2, (option, v)
 
 
-@pytest.mark.parametrize(("prefix", "option", "values"), CASES[::4], ids=IDS[::4])
-def test_through_the_cli_one_line_with_the_range(prefix, option, values):
-    r = cli(*prefix, f"{option}={values[0]}")
-    line = assert_clean_error(r, 2, f"argument {option}", "give", within=10)
+@pytest.mark.parametrize(("prefix", "option", "values"), CASES, ids=IDS)
+def test_through_the_cli_one_line_with_the_range(capfd, prefix, option, values):
+    """What the user reads: one line naming the option and its allowed range (main() in this
+    process). "argument --x" is argparse's own wording: refused while parsing, before any command
+    code runs."""
+    r = cli_here(capfd, *prefix, f"{option}={values[0]}")
+    line = assert_clean_error(r, 2, f"argument {option}", "give")
     assert "<=" in line or ">=" in line or ">" in line  # the allowed range is spelled out
+
+
+def test_a_bad_number_as_a_process_sees_it():
+    """The same refusal end to end: exit code 2, one line, no traceback."""
+    line = assert_clean_error(cli("synth", "-t", "ring", "--n", "4", "-s", "1MB", "--time-limit=nan"), 2,
+                              "argument --time-limit", "give")
+    assert "<=" in line or ">" in line
 
 
 def test_a_zero_budget_is_allowed():
     assert build_parser().parse_args(["train", "--budget", "0"]).budget == 0.0
 
 
-def test_bad_task_id_and_epoch():
-    assert_clean_error(cli("tasks", "show", "0"), 2, "id", ">= 1")
+def test_bad_task_id_and_epoch(capfd):
+    assert_clean_error(cli_here(capfd, "tasks", "show", "0"), 2, "id", ">= 1")
     for eps in ("1e-30", "0", "-1", "nan", "10"):
-        assert_clean_error(cli("synth", "-t", "ring", "--n", "4", "-s", "1MB", "--epoch", eps), 2, "--epoch", "outside")
+        assert_clean_error(cli_here(capfd, "synth", "-t", "ring", "--n", "4", "-s", "1MB", "--epoch", eps), 2, "--epoch", "outside")
 
 
 @given(st.text(max_size=12) | st.floats(allow_nan=True, allow_infinity=True).map(repr) | st.integers().map(str))
@@ -100,15 +111,23 @@ def test_number_types_parse_in_range_or_refuse(text):
         assert isinstance(v, int) and lo <= v <= hi
 
 
-@pytest.mark.parametrize(("args", "option"), [
+WORD_OPTIONS = [
     (["synth", "-t", "ring", "--n", "4", "-s", "1MB", "--collective", "foo"], "--collective"),
     (["synth", "-t", "ring", "--n", "4", "-s", "1MB", "--method", "foo"], "--method"),
     (["synth", "-t", "ring", "--n", "4", "-s", "1MB", "--speedups", "foo"], "--speedups"),
     (["train", "--schedule", "nosuch", "--iters", "1"], "--schedule"),
     (["train", "--model", "huge", "--iters", "1"], "--model"),
     (["schedule-show", "1f1b", "--chunks", "3"], "--chunks"),
-    (["train", "--data", "/dev/zero", "--iters", "1", "--model", "small"], "--data"),
-])
-def test_word_options_are_named_as_written(args, option):
+]  # and --data, as a process sees it, below
+
+
+@pytest.mark.parametrize(("args", "option"), WORD_OPTIONS, ids=[f"{a[0]}{o}" for a, o in WORD_OPTIONS])
+def test_word_options_are_named_as_written(capfd, args, option):
     """Not only numbers: every option's error names it with its dashes, as the user typed it."""
-    assert_clean_error(cli(*args), 2, f"error: {option}:", within=60)
+    assert_clean_error(cli_here(capfd, *args), 2, f"error: {option}:")
+
+
+def test_a_word_option_refused_by_the_library_as_a_process_sees_it():
+    """End to end, a refusal the library makes (not argparse) after torch is imported: training
+    data over the size limit, /dev/zero, which has no end (read up to the limit, then refused)."""
+    assert_clean_error(cli("train", "--data", "/dev/zero", "--iters", "1", "--model", "small"), 2, "error: --data:")
