@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clirun import assert_clean_error, cli
+from flowride.cli import main
 from flowride.collectives.demand import Collective, make_demand
-from flowride.concurrent import parse_spec, report, synthesize_concurrent
+from flowride.concurrent import joint, parse_spec, report, synthesize_concurrent
 from flowride.concurrent.bound import candidate_sets, cut_bytes, joint_bound
 from flowride.concurrent.contention import fair_speeds, run_together
 from flowride.concurrent.sharing import ecmp_classes, equal_shares, member, pooled, users
@@ -24,6 +25,7 @@ from flowride.synth.bounds import entering
 from flowride.topology.fabrics import build_fabric
 from flowride.topology.group import group_topology
 from flowride.topology.model import Link, Node, Topology
+from synth_helpers import auto_sweeps_in_virtual_time, refused_here
 
 CLOS = build_fabric("dgx-h100", 4, "clos", oversubscription=4)  # 32 GPUs, two leaves, 4:1 up
 CLOS_ARGS = ("-t", "fabric", "--node", "dgx-h100", "--nodes", "4", "--network", "clos", "--oversubscription", "4")
@@ -58,24 +60,25 @@ def test_spec_refusals_name_the_entry_and_field(entry, field, words):
     assert e.value.field == field and words in e.value.problem, str(e.value)
 
 
-def test_cli_refuses_bad_specs_in_one_line(tmp_path):
+def test_cli_refuses_bad_specs_in_one_line(tmp_path, capsys):
+    """One refusal end to end in a subprocess, as a user sees it; the others through the same
+    ``main`` in this process (no interpreter start per case)."""
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"collective": "allgather", "ranks": "0,1,1", "size": "1MB"}]))
-    assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", str(bad)), 2, "--concurrent[0].ranks", "appears twice")
-    assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", '[{"collective": "allgather", "ranks": "0,77", "size": "1MB"}]'),
-                       2, "--concurrent[0].ranks", "outside 0..31")
-    assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent",
-                           '[{"collective": "allgather", "ranks": "0,1", "size": "1MB", "start_us": "later"}]'),
-                       2, "--concurrent[0].start_us", "not a number")
-    assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", "[{"), 2, "--concurrent", "not valid JSON")
-    assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", str(tmp_path / "none.json")), 2, "--concurrent", "neither")
+    assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", str(bad)), 2, "--concurrent[0].ranks", "appears twice", within=20)
+    base = ["synth", *CLOS_ARGS, "--concurrent"]
+    refused_here(capsys, [*base, '[{"collective": "allgather", "ranks": "0,77", "size": "1MB"}]'], "--concurrent[0].ranks", "outside 0..31")
+    refused_here(capsys, [*base, '[{"collective": "allgather", "ranks": "0,1", "size": "1MB", "start_us": "later"}]'],
+             "--concurrent[0].start_us", "not a number")
+    refused_here(capsys, [*base, "[{"], "--concurrent", "not valid JSON")
+    refused_here(capsys, [*base, str(tmp_path / "none.json")], "--concurrent", "neither")
     same = '[{"name": "a/b", "collective": "allgather", "ranks": "0,1", "size": "1MB"}, ' \
            '{"name": "a_b", "collective": "allgather", "ranks": "2,3", "size": "1MB"}]'
-    assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", same), 2, "--concurrent", "same file name")
+    refused_here(capsys, [*base, same], "--concurrent", "same file name")
     ok = '[{"collective": "allgather", "ranks": "0,1", "size": "1MB"}]'
-    assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", ok, "--size", "1MB"), 2, "--size", "without --concurrent")
-    assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", ok, "--ranks", "0-3"), 2, "--ranks", "without --concurrent")
-    assert_clean_error(cli("synth", *CLOS_ARGS, "--concurrent", ok, "--method", "milp"), 2, "--method", "without --concurrent")
+    refused_here(capsys, [*base, ok, "--size", "1MB"], "--size", "without --concurrent")
+    refused_here(capsys, [*base, ok, "--ranks", "0-3"], "--ranks", "without --concurrent")
+    refused_here(capsys, [*base, ok, "--method", "milp"], "--method", "without --concurrent")
 
 
 # ------------------------------------------------------------------- schedules run together
@@ -178,9 +181,13 @@ def test_joint_schedules_verify_hold_capacity_and_respect_the_bound(specs):
     """Every joint schedule verifies per collective on its own links, the shares of every link
     add up to at most one, the sends of all collectives placed in time stay within every link's
     capacity, and the last finish is at or above the joint bound, which is at or above every
-    collective's own bound and no weaker than the cuts of every node set (brute force)."""
+    collective's own bound and no weaker than the cuts of every node set (brute force). These
+    hold whatever the time limits cut off, so each collective's chunk sweep runs in virtual time
+    (1 and 2 chunks) instead of waiting for its share of the limit."""
     items = parse_spec([{"collective": c, "ranks": r, "size": s, "start_us": t} for c, r, s, t in specs], SMALL)
-    out = synthesize_concurrent(SMALL, items, time_limit=3 * len(items))
+    with pytest.MonkeyPatch.context() as mp:
+        auto_sweeps_in_virtual_time(mp, joint)
+        out = synthesize_concurrent(SMALL, items, time_limit=3 * len(items))
     for s in out.best.solved:
         assert simulate(s.schedule).valid
     if out.best.shares is not None:
@@ -231,11 +238,12 @@ def test_bound_sets_include_a_leaf_and_its_servers():
 
 
 def test_cli_writes_each_schedule_its_msccl_xml_and_the_report(tmp_path):
+    """End to end; what is checked holds whatever the (short) limit cut off."""
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps([{"name": "dp0", "collective": "reducescatter", "ranks": "0,8,16,24", "size": "4MB"},
                                 {"name": "dp1", "collective": "reducescatter", "ranks": "1,9,17,25", "size": "4MB", "start_us": 2}]))
     out = tmp_path / "out"
-    r = cli("synth", *CLOS_ARGS, "--concurrent", str(spec), "--time-limit", "8", "--out-dir", str(out), timeout=240)
+    r = cli("synth", *CLOS_ARGS, "--concurrent", str(spec), "--time-limit", "2", "--out-dir", str(out), timeout=240)
     assert r.code == 0, r.err[-3000:]
     rep = json.loads((out / "report.json").read_text())
     assert [c["name"] for c in rep["collectives"]] == ["dp0", "dp1"]
@@ -246,9 +254,8 @@ def test_cli_writes_each_schedule_its_msccl_xml_and_the_report(tmp_path):
     assert "joint last finish" in r.out
     for name in ("dp0", "dp1"):
         assert rep["exports"][name]["msccl"] and rep["exports"][name]["mscclpp"], rep["exports"][name]
-        for f in (out / f"{name}.xml", out / "mscclpp" / f"{name}.json"):
-            v = cli("verify", str(f))
-            assert v.code == 0, v.err[-2000:]
+        for f in (out / f"{name}.xml", out / "mscclpp" / f"{name}.json"):  # the files verify (in this process)
+            assert main(["verify", str(f)]) == 0
     assert report  # the library form is what the CLI prints
 
 
@@ -260,9 +267,14 @@ CLOS_JOB = {"model": {"layers": 4, "hidden": 1024, "seq_len": 512, "params": 2e8
             "synthesis": {"time_limit_s": 4, "contention": True}}
 
 
-def test_plan_prices_the_dp_groups_together_and_caches_them(tmp_path):
+def test_plan_prices_the_dp_groups_together_and_caches_them(tmp_path, monkeypatch):
+    """What is checked holds whatever the limits cut off (ours is the best of NCCL's and the
+    synthesis', the joint finish is at or above its bound, the cache gives back what was priced),
+    so the chunk sweeps run in virtual time instead of waiting for their limits."""
+    import flowride.api
     from flowride.plan import Pricer, job_from_dict, plan_job
 
+    auto_sweeps_in_virtual_time(monkeypatch, flowride.api, joint)
     cache = tmp_path / "c.json"
     p1 = Pricer(cache=cache, synth=True, time_limit_s=4)
     pl = plan_job(job_from_dict(CLOS_JOB), p1)
@@ -279,13 +291,14 @@ def test_plan_prices_the_dp_groups_together_and_caches_them(tmp_path):
     assert p2.solved == 0 and [c.ours_us for c in again.collectives] == [c.ours_us for c in pl.collectives]
 
 
-def test_plan_contention_through_the_cli_and_its_refusal(tmp_path):
+def test_plan_contention_through_the_cli_and_its_refusal(tmp_path, capsys):
+    """End to end (what is checked holds whatever the 1 s limits cut off); the refusal in this process."""
     job = tmp_path / "job.json"
-    job.write_text(json.dumps({**CLOS_JOB, "synthesis": {"time_limit_s": 3}}))
+    job.write_text(json.dumps({**CLOS_JOB, "synthesis": {"time_limit_s": 1}}))
     r = cli("plan", str(job), "--contention", "--no-cache", timeout=300)
     assert r.code == 0, r.err[-2000:]
     assert "more at once" in r.out and "contention priced" in r.out
-    assert_clean_error(cli("plan", str(job), "--contention", "--no-synth", "--no-cache"), 2, "--contention", "synthesis is off")
+    refused_here(capsys, ["plan", str(job), "--contention", "--no-synth", "--no-cache"], "--contention", "synthesis is off")
 
 
 def test_spines_are_dealt_out_whole_and_a_cut_off_group_is_refused():

@@ -18,6 +18,7 @@ from tests.test_reductions import topologies
 
 from clirun import assert_clean_error, cli
 from flowride.api import synthesize
+from flowride.cli import main
 from flowride.errors import InputError
 from flowride.program import check_program, lower, read_msccl, write_msccl
 from flowride.schedule.ir import Schedule, load_schedule
@@ -34,6 +35,7 @@ from flowride.topology.group import (
 )
 from flowride.topology.io import load_topology
 from flowride.topology.timing import epoch_timing
+from synth_helpers import refused_here
 
 MB = 1_000_000
 
@@ -262,27 +264,33 @@ def test_relays_allowed_but_unused_are_no_reason_to_refuse(tmp_path):
     assert out.report()["switch_model"].endswith("relays outside the group")
 
 
-def test_cli_export_run_refusal_and_relay_off_export(tmp_path):
+def test_cli_export_run_refusal_and_relay_off_export(tmp_path, capsys):
+    """Export's refusal and the relay-off export end to end; verify and run's refusal through
+    ``main`` in this process (the same code, no interpreter start each)."""
     on = synthesize(select_group(ring(4), "0,2", relay=True), "allgather", MB).schedule
     on.save(tmp_path / "on.json")
-    assert cli("verify", tmp_path / "on.json").code == 0
-    for args in (("export", tmp_path / "on.json", "--msccl", tmp_path / "on.xml"), ("run", tmp_path / "on.json")):
-        assert_clean_error(cli(*args), 2, "relays through GPU(s) 1, 3 outside the group", "--relay off")
+    assert main(["verify", str(tmp_path / "on.json")]) == 0
+    assert_clean_error(cli("export", tmp_path / "on.json", "--msccl", tmp_path / "on.xml"), 2,
+                       "relays through GPU(s) 1, 3 outside the group", "--relay off")
+    refused_here(capsys, ["run", tmp_path / "on.json"], "relays through GPU(s) 1, 3 outside the group", "--relay off")
     assert not (tmp_path / "on.xml").exists()
     off = synthesize(select_group(dgx1(), "0-3"), "allgather", MB).schedule
     off.save(tmp_path / "off.json")
     r = cli("export", tmp_path / "off.json", "--msccl", tmp_path / "off.xml")
     assert r.code == 0 and "on 4 GPUs" in r.out, r.err
-    r = cli("verify", tmp_path / "off.xml")
-    assert r.code == 0 and r.out.startswith("valid"), (r.out, r.err)
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "off.xml")]) == 0
+    assert capsys.readouterr().out.startswith("valid")
 
 
 # ---------------------------------------------------------------------------- CLI end to end
 
 
 def test_cli_synth_with_ranks(tmp_path):
+    """What is checked holds whatever the (short) limit cut off: the chunk sweep need not run its default minute."""
     rep, out = tmp_path / "r.json", tmp_path / "s.json"
-    r = cli("synth", "-t", "dgx1", "-c", "allgather", "-s", "1MB", "--ranks", "0,2,4,6", "--report", rep, "--out", out)
+    r = cli("synth", "-t", "dgx1", "-c", "allgather", "-s", "1MB", "--ranks", "0,2,4,6", "--time-limit", "2", "--report", rep,
+            "--out", out)
     assert r.code == 0, r.err
     assert "process group" in r.out and "ranks 0,2,4,6 of dgx1; relay off" in r.out
     data = json.loads(rep.read_text())
@@ -296,12 +304,13 @@ def test_cli_synth_with_ranks(tmp_path):
     ("every:0", ("--ranks", "every:0", "at least 1")),
     ("0", ("--ranks", "at least 2")),
 ])
-def test_cli_ranks_errors(ranks, needles):
-    assert_clean_error(cli("synth", "-t", "dgx1", "-s", "1MB", "--ranks", ranks), 2, *needles)
+def test_cli_ranks_errors(capsys, ranks, needles):
+    """Through ``main`` in this process (--ranks refused end to end: test_cli_relay_errors_and_saved_group_topology)."""
+    refused_here(capsys, ["synth", "-t", "dgx1", "-s", "1MB", "--ranks", ranks], *needles)
 
 
-def test_cli_relay_errors_and_saved_group_topology(tmp_path):
-    assert_clean_error(cli("synth", "-t", "dgx1", "-s", "1MB", "--relay", "on"), 2, "--relay", "--ranks")
+def test_cli_relay_errors_and_saved_group_topology(tmp_path, capsys):
+    refused_here(capsys, ["synth", "-t", "dgx1", "-s", "1MB", "--relay", "on"], "--relay", "--ranks")
     assert_clean_error(cli("synth", "-t", "ring", "--n", "4", "-s", "1MB", "--ranks", "0,2"), 2, "--ranks", "--relay on")
     topo = tmp_path / "g.json"
     r = cli("topology", "-t", "ring", "--n", "4", "--ranks", "0,2", "--relay", "on", "-o", topo)

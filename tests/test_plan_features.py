@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clirun import assert_clean_error, cli
+from clirun import cli
 from flowride.errors import InputError
 from flowride.plan import Pricer, job_from_dict, plan_job
 from flowride.plan.costs import (
@@ -25,6 +25,7 @@ from flowride.plan.costs import (
 from flowride.plan.job import stage_layers
 from flowride.plan.memory import layer_activation_bytes, memory
 from flowride.plan.sweep import parse_sweep, sweep
+from synth_helpers import refused_here
 
 H100 = 989e12  # dense BF16 FLOP/s
 MFU = 0.5
@@ -264,12 +265,13 @@ def test_memory_grows_with_the_micro_batch_and_recompute_never_adds(b, s, hk, tp
     (lambda d: d["parallel"].update(cp=3), "parallel.cp"),
     (lambda d: d["model"].update(layers=80, hidden=8192, seq_len=8192), "parallel / model.recompute"),
 ])
-def test_refusals_are_one_line(tmp_path, edit, needle):
+def test_refusals_are_one_line(tmp_path, capsys, edit, needle):
+    """Through ``main`` in this process (a job's refusal end to end: test_plan's YAML case)."""
     d = _d(tp=1)
     edit(d)
     f = tmp_path / "job.json"
     f.write_text(json.dumps(d))
-    line = assert_clean_error(cli("plan", f, "--no-synth", "--no-cache"), 2, needle, within=30)
+    line = refused_here(capsys, ["plan", f, "--no-synth", "--no-cache"], needle, within=30)
     if "recompute" in needle:
         assert "peak memory per GPU" in line and "model.recompute selective or full" in line
 

@@ -15,6 +15,7 @@ from flowride.plan import Pricer, job_from_dict
 from flowride.plan.job import check_job
 from flowride.plan.memory import memory
 from flowride.plan.search import build, iteration_bound, memory_floor, search
+from synth_helpers import refused_here
 
 B, S, H, L, V = 1, 128, 1024, 8, 64
 RATE = 989e12 * 0.4  # a dgx-h100 GPU at a flat 0.4 MFU
@@ -150,9 +151,13 @@ def test_cli_prints_the_table_and_writes_the_json(tmp_path):
     (["--gpus", "8"], "--gpus"),
     (["--search", "--sweep", "pp=1,2"], "--sweep"),
 ])
-def test_cli_bad_search_options_are_one_line(tmp_path, args, needle):
+def test_cli_bad_search_options_are_one_line(tmp_path, capsys, args, needle):
+    """The first end to end in a subprocess, the others through ``main`` in this process."""
     (tmp_path / "toy.json").write_text(json.dumps(_toy()))
-    assert_clean_error(cli("plan", tmp_path / "toy.json", *args, "--no-cache"), 2, needle)
+    if args[-1] == "0":
+        assert_clean_error(cli("plan", tmp_path / "toy.json", *args, "--no-cache"), 2, needle, within=30)
+    else:
+        refused_here(capsys, ["plan", tmp_path / "toy.json", *args, "--no-cache"], needle)
 
 
 @pytest.mark.slow
@@ -166,9 +171,11 @@ def test_llama2_70b_on_1024_h100(tmp_path):
     job = job_from_dict(json.loads(open("examples/plans/llama70b-8k-h100.json").read()))
     cache = tmp_path / "c.json"
     search(job, 1024, Pricer(cache=cache, synth=False))
-    t0 = time.perf_counter()
-    res = search(job, 1024, Pricer(cache=cache, synth=False))
-    assert time.perf_counter() - t0 < 60
+    t0 = time.process_time()
+    warm = Pricer(cache=cache, synth=False)
+    res = search(job, 1024, warm)
+    assert warm.solved == 0  # every collective from the cache
+    assert time.process_time() - t0 < 60  # CPU seconds: a busy machine does not stretch them
     ref = res.reference
     assert ref["config"] == {"tp": 8, "pp": 16, "dp": 8, "cp": 1, "virtual": 5, "microbatches": 256,
                              "schedule": "interleaved", "recompute": "none"}

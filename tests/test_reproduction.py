@@ -29,7 +29,7 @@ def published(variant: str, size: str) -> dict:
 @pytest.mark.parametrize(("variant", "size"), [("Slow", "1MB"), ("Slow", "16MB"), ("Slow", "1GB"), ("Fast", "1GB")])
 def test_matches_published_epochs_and_finish(variant, size):
     ref = published(variant, size)
-    out = synthesize(ndv2(2, teccl_compat=True), "allgather", parse_size(size), variant.lower(), time_limit=300)
+    out = synthesize(ndv2(2, teccl_compat=True), "allgather", parse_size(size), variant.lower(), time_limit=None)  # untimed: "optimal" is the search's, not the machine's
     rep = out.report()
     assert rep["verified"]
     assert rep["epoch_duration_us"] == pytest.approx(float(ref["epoch_duration_s"]) * 1e6)

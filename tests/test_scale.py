@@ -24,7 +24,7 @@ from flowride.synth.lp_static import concurrent_flow, static_paths
 from flowride.synth.options import Speedups, parse_speedups
 from flowride.synth.symmetry import expand_sends, source_symmetry
 from flowride.synth.trees import synthesize_trees, tree_sends
-from flowride.topology import dgx1, mi250, ndv2, ring, switch, torus
+from flowride.topology import dgx1, ndv2, ring, switch, torus
 from flowride.topology.timing import epoch_timing
 from test_properties import topologies
 
@@ -138,12 +138,15 @@ def test_trees_meet_the_published_ndv2_optimum():
         assert res.T == published
 
 
-def test_trees_on_a_256_gpu_torus_stay_within_the_target():
-    # no time limit: with one, a loaded machine decides the result (45 s gave 1.21x on a quiet day and
-    # 1.79x under a load of 4, the trees' scheduling cut short); unlimited it is 1.21x in ~110 s of CPU
-    out = synthesize(torus(16, 16), "allgather", 10**9, "fast", method="trees", time_limit=None)
+@pytest.mark.parametrize("side", [12, pytest.param(16, marks=pytest.mark.slow)], ids=["144-gpus", "256-gpus"])
+def test_trees_on_a_large_torus_stay_within_the_target(side):
+    """No time limit: with one, a loaded machine decides the result (45 s gave 1.21x on a quiet day
+    and 1.79x under a load of 4, the trees' scheduling cut short). NCCL's modelled algorithms are
+    left out (a third of the time, and not what is tested). 12 x 12: 1.29x in ~12 s of CPU; the
+    256-GPU torus (1.21x in ~35 s of CPU) runs with the slow tests."""
+    out = synthesize(torus(side, side), "allgather", 10**9, "fast", method="trees", time_limit=None, nccl=False)
     rep = out.report()
-    assert rep["verified"] and rep["gpus"] == 256
+    assert rep["verified"] and rep["gpus"] == side * side
     assert rep["ratio_to_lower_bound"] <= 1.5
 
 
@@ -160,24 +163,33 @@ def test_retimed_slow_schedules_verify_at_fast_epochs(topo, size, chunks):
     assert sim.valid, sim.first_violation
 
 
-@pytest.mark.parametrize(("topo", "size", "chunks"), [(dgx1(), 10**6, 2), (torus(4, 4), 10**6, 2), (mi250(1), 10**9, 1)],
-                         ids=["dgx1", "torus4x4", "mi250"])
-def test_warm_started_and_cold_searches_agree_on_epochs(topo, size, chunks):
-    cold = synthesize(topo, "allgather", size, "fast", chunks, time_limit=120, method="milp", speedups=NONE)
-    warm = synthesize(topo, "allgather", size, "fast", chunks, time_limit=120, method="milp",
+@pytest.mark.parametrize("case", ["dgx1", "torus4x4"])
+def test_warm_started_and_cold_searches_agree_on_epochs(request, case):
+    """Untimed (with a limit, whether both reach "optimal" was the machine's speed). On the DGX-1
+    the ladder's level at 2x epochs gives the incumbent; the torus's links are all alike (no level)."""
+    topo, size, chunks = DGX1_4MB if case == "dgx1" else (torus(4, 4), 10**6, 2)
+    cold = request.getfixturevalue("dgx1_cold") if case == "dgx1" else \
+        synthesize(topo, "allgather", size, "fast", chunks, None, method="milp", speedups=NONE)
+    levels: list[dict] = []
+    warm = synthesize(topo, "allgather", size, "fast", chunks, None, method="milp", progress=levels.append,
                       speedups=Speedups(incumbent=False, bounds=False, warm_start=True, symmetry=False, parallel=False))
     assert cold.status == warm.status == "optimal"
     assert cold.sim.epochs == warm.sim.epochs
+    assert bool([e for e in levels if e.get("stage") == "ladder-done"]) == (case == "dgx1")
 
 
 # ------------------------------------------------------------------------ symmetry, parallel probes
 
 
+SYMMETRY_SECONDS = 600.0  # an "it ends" bound for the automorphism search (these take well under a second): no verdict rests on it
+
+
 def test_automorphisms_group_the_sources():
-    assert source_symmetry(torus(4, 4)).reps == (0,)
-    assert source_symmetry(ring(6)).reps == (0,)
-    assert len(source_symmetry(dgx1()).reps) < 8
-    assert source_symmetry(ndv2(2, teccl_compat=True)) is None or len(source_symmetry(ndv2(2, teccl_compat=True)).reps) > 1
+    assert source_symmetry(torus(4, 4), SYMMETRY_SECONDS).reps == (0,)
+    assert source_symmetry(ring(6), SYMMETRY_SECONDS).reps == (0,)
+    assert len(source_symmetry(dgx1(), SYMMETRY_SECONDS).reps) < 8
+    compat = source_symmetry(ndv2(2, teccl_compat=True), SYMMETRY_SECONDS)
+    assert compat is None or len(compat.reps) > 1
 
 
 @pytest.mark.parametrize(("topo", "as_short"), [(ring(6), True), (dgx1(), True), (switch(4, copy=True), True), (torus(4, 4), True)],
@@ -193,8 +205,8 @@ def test_symmetric_model_schedules_are_valid(topo, as_short):
 
     d = make_demand(topo, "allgather", 10**6, 2)
     t = epoch_timing(topo, d.chunk_bytes, "fast")
-    sym = source_symmetry(topo)
-    full = synthesize(topo, "allgather", 10**6, "fast", 2, method="milp", speedups=NONE)
+    sym = source_symmetry(topo, SYMMETRY_SECONDS)
+    full = synthesize(topo, "allgather", 10**6, "fast", 2, method="milp", speedups=NONE)  # untimed
     assert full.status == "optimal"
     T = full.sim.epochs
     while True:
@@ -203,7 +215,7 @@ def test_symmetric_model_schedules_are_valid(topo, as_short):
         except Infeasible:
             T += 1
             continue
-        out = solve(model, SolveOptions(first_feasible=True, time_limit=60))
+        out = solve(model, SolveOptions(first_feasible=True))  # untimed: a limit could skip a feasible T on a busy machine
         if out.x is not None:
             break
         T += 1
@@ -215,17 +227,34 @@ def test_symmetric_model_schedules_are_valid(topo, as_short):
     assert (T == full.sim.epochs) == as_short
 
 
+DGX1_4MB = (dgx1(), 4 * 10**6, 2)  # the plain bisection needs an infeasible probe (5 then 10, 8, 7, 6): the speedups have work
+
+
 @pytest.fixture(scope="module")
-def mi250_cold():
-    return synthesize(mi250(1), "allgather", 10**6, "fast", 1, time_limit=120, method="milp", speedups=NONE)
+def dgx1_cold():
+    """The plain MILP search (no speedup) on DGX1_4MB, untimed: proven minimal on any machine."""
+    topo, size, chunks = DGX1_4MB
+    return synthesize(topo, "allgather", size, "fast", chunks, None, method="milp", speedups=NONE)
 
 
 @pytest.mark.parametrize("flags", ["symmetry", "parallel", "bounds", "incumbent", "default"])
-def test_every_speedup_keeps_the_proven_epoch_count(mi250_cold, flags):
-    cold = mi250_cold
-    fast = synthesize(mi250(1), "allgather", 10**6, "fast", 1, time_limit=120, method="milp", speedups=parse_speedups(flags))
+def test_every_speedup_keeps_the_proven_epoch_count(dgx1_cold, flags):
+    """Untimed searches (a limit would let a busy machine decide whether "optimal" is reached;
+    each takes under a second of CPU here): every speedup proves the same minimal epoch count as
+    the plain search, and each did act (the symmetric model was probed, the trees capped the
+    search, the search began at the tight bounds)."""
+    cold = dgx1_cold
+    topo, size, chunks = DGX1_4MB
+    fast = synthesize(topo, "allgather", size, "fast", chunks, None, method="milp", speedups=parse_speedups(flags))
     assert cold.status == fast.status == "optimal"
     assert cold.sim.epochs == fast.sim.epochs and fast.sim.valid
+    outcomes = [p.outcome for p in fast.search.probes]
+    if flags == "symmetry":
+        assert any(o.startswith("symmetric") for o in outcomes), outcomes
+    if flags in ("incumbent", "default"):
+        assert any(o.startswith("trees") for o in outcomes), outcomes
+    if flags == "bounds":
+        assert len(outcomes) < len(cold.search.probes)
 
 
 def test_parse_speedups_names_the_field():

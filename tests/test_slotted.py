@@ -117,7 +117,7 @@ def test_mi250_1gb_keeps_the_slotted_trees():
     topo = mi250(2)
     demand = make_demand(topo, "allgather", 10**9, 32)
     timing = epoch_timing(topo, demand.chunk_bytes, "fast")
-    out = synthesize_trees(topo, demand, timing, 60)
+    out = synthesize_trees(topo, demand, timing)  # untimed: with a limit, a busy machine could cut the slotted shape
     probes = {p.outcome: p.T for p in out.probes}
     assert probes["trees packed-slotted/0.0"] < probes["trees packed/0.0"]
     assert out.T <= probes["trees packed-slotted/0.0"]

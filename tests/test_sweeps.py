@@ -22,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clirun import assert_clean_error, cli
+from flowride.cli import main
 from flowride.collectives.demand import Collective
 from flowride.comm.data import count_wrong, elements_per_chunk, expected_chunks
 from flowride.errors import InputError
@@ -45,6 +46,7 @@ from flowride.sweep import (
 from flowride.synth.options import SynthOptions
 from flowride.topology.builtins import dgx1, ring
 from flowride.units import MAX_SWEEP_SIZES, parse_size_list, parse_sweep_size, sweep_sizes
+from synth_helpers import refused_here
 
 pytestmark = pytest.mark.timeout(120)
 KIB, MIB, GIB = 2**10, 2**20, 2**30
@@ -219,12 +221,19 @@ RUN_FIELDS = {"size", "count", "type", "redop", "time_us", "algbw_GBps", "busbw_
 
 
 def test_cli_run_sweep_prints_nccl_tests_rows(tmp_path):
-    sched = tmp_path / "ring4.json"
-    r = cli("synth", "-t", "ring", "--n", "4", "-c", "allgather", "-s", "64KB", "-o", sched)
-    assert r.code == 0, r.err
-    r = cli("run", sched, "-b", "1KB", "-e", "64KB", "-f", "4", "--json", "--repeats", "2", timeout=150)
+    """One run end to end (four ranks of torch.distributed: the costly part, so once): its --json
+    rows and --report agree and are nccl-tests' columns; the same rows make the plain table a pipe
+    gets (the CLI's choice of the plain form is checked on synth and export below)."""
+    from types import SimpleNamespace
+
+    from flowride.cli.sweep import run_sweep_table
+
+    sched, rep = tmp_path / "ring4.json", tmp_path / "rows.json"
+    assert main(["synth", "-t", "ring", "--n", "4", "-c", "allgather", "-s", "64KB", "-o", str(sched)]) == 0
+    r = cli("run", sched, "-b", "1KB", "-e", "64KB", "-f", "4", "--json", "--repeats", "1", "--report", rep, timeout=150)
     assert r.code == 0, r.err[-3000:]
     rows = json.loads(r.out)
+    assert json.loads(rep.read_text())["rows"] == rows
     assert [x["size"] for x in rows] == [992, 4000, 16000, 64000]  # 1000 B: 248 floats, rounded down to 4 ranks
     for x in rows:
         assert RUN_FIELDS <= set(x) and x["type"] == "float" and x["redop"] == "none"
@@ -232,17 +241,17 @@ def test_cli_run_sweep_prints_nccl_tests_rows(tmp_path):
         for who in ("", "torch_"):
             assert x[f"{who}algbw_GBps"] == pytest.approx(x["size"] / (x[f"{who}time_us"] * 1e-6) / 1e9)
             assert x[f"{who}busbw_GBps"] == pytest.approx(x[f"{who}algbw_GBps"] * 3 / 4)
-    r = cli("run", sched, "--sizes", "4KB,16KB", "--repeats", "1", timeout=150, env={"COLUMNS": "80"})  # the table, piped
-    assert r.code == 0 and "…" not in r.out, r.out
-    heads = [ln.split() for ln in r.out.splitlines() if ln.startswith("#")]
+    text = run_sweep_table([SimpleNamespace(**x) for x in rows], "allgather", 4).plain()
+    assert "…" not in text
+    heads = [ln.split() for ln in text.splitlines() if ln.startswith("#")]
     assert heads[2][1:] == ["size", "count", "type", "redop"] + ["time", "algbw", "busbw", "#wrong"] * 2, heads
     assert "flowride" in heads[1] and "torch.distributed" in heads[1] and "CPU" in heads[0]
-    rows = [ln.split() for ln in r.out.splitlines() if ln.startswith("  ")]
-    assert [x[:4] for x in rows] == [["4000", "250", "float", "none"], ["16000", "1000", "float", "none"]]
-    assert all(len(x) == 12 and x[7] == "0" and x[11] == "0" for x in rows), rows
+    table = [ln.split() for ln in text.splitlines() if ln.startswith("  ")]
+    assert [x[:4] for x in table] == [[str(x["size"]), str(x["count"]), "float", "none"] for x in rows]
+    assert all(len(x) == 12 and x[7] == "0" and x[11] == "0" for x in table), table
 
 
-def test_cli_synth_sweep(tmp_path):
+def test_cli_synth_sweep(tmp_path, capsys):
     r = cli("synth", "-t", "ring", "--n", "4", "-c", "allgather", "--sizes", "1KB:64KB:x4", "--json", "--out-dir", tmp_path / "s")
     assert r.code == 0, r.err
     rows = json.loads(r.out)
@@ -254,19 +263,19 @@ def test_cli_synth_sweep(tmp_path):
     assert len(list((tmp_path / "s").glob("*.json"))) == 4
     r = cli("synth", "-t", "ring", "--n", "4", "-b", "1K", "-e", "16K", "-f", "4")
     assert r.code == 0 and "busbw" in r.out and "warm start" in r.out, r.out
-    assert_clean_error(cli("synth", "-t", "ring", "--n", "4", "-b", "1K", "-e", "8"), 2, "-e/--maxbytes")
-    assert_clean_error(cli("synth", "-t", "ring", "--n", "4", "--sizes", "1K:1G:+1"), 2, "--sizes")
-    assert_clean_error(cli("synth", "-t", "ring", "--n", "4"), 2, "--size")
+    assert_clean_error(cli("synth", "-t", "ring", "--n", "4", "-b", "1K", "-e", "8"), 2, "-e/--maxbytes", within=20)
+    refused_here(capsys, ["synth", "-t", "ring", "--n", "4", "--sizes", "1K:1G:+1"], "--sizes")
+    refused_here(capsys, ["synth", "-t", "ring", "--n", "4"], "--size")
 
 
-def test_cli_export_ranges(tmp_path):
+def test_cli_export_ranges(tmp_path, capsys):
     r = cli("export", "-t", "ring", "--n", "4", "-c", "allgather", "--sizes", "1KB:4MB:x4", "--out-dir", tmp_path)
     assert r.code == 0, r.err
     assert "minBytes" in r.out and "protocol" in r.out.lower()
     _check_ranges(tmp_path)
-    assert_clean_error(cli("export", "-t", "ring", "--n", "4", "--sizes", "1KB:4KB"), 2, "--out-dir")
-    assert_clean_error(cli("export", "-t", "ring", "--n", "4", "--sizes", "1KB:4KB", "--out-dir", tmp_path, "--chunk-options", "0"),
-                       2, "--chunk-options")
+    refused_here(capsys, ["export", "-t", "ring", "--n", "4", "--sizes", "1KB:4KB"], "--out-dir")
+    refused_here(capsys, ["export", "-t", "ring", "--n", "4", "--sizes", "1KB:4KB", "--out-dir", tmp_path, "--chunk-options", "0"],
+                 "--chunk-options")
 
 
 # ---- review fixes: empty lists, plain tables, loss-bounded ranges, stale XMLs, relays, executor rules ----
@@ -285,9 +294,9 @@ def test_plan_ranges_refuses_empty_lists():
     (("-c", "broadcast"), "--collective"),
     (("--max-loss", "0.5"), "--max-loss"),
 ])
-def test_cli_export_refuses_bad_lists_cleanly(tmp_path, args, option):
-    r = cli("export", "-t", "ring", "--n", "4", "--sizes", "1KB", "--out-dir", tmp_path / "x", *args)
-    assert_clean_error(r, 2, option, within=20)
+def test_cli_export_refuses_bad_lists_cleanly(tmp_path, capsys, args, option):
+    """In this process (export's refusals end to end: test_cli_export_refuses_relays_up_front)."""
+    refused_here(capsys, ["export", "-t", "ring", "--n", "4", "--sizes", "1KB", "--out-dir", tmp_path / "x", *args], option)
     assert not (tmp_path / "x" / "xml").exists()
 
 
@@ -310,13 +319,24 @@ def test_split_by_loss_keeps_every_size_within_the_tolerance(count, seed, max_lo
         assert not any(all(table[(j, i)] <= max_loss for i in range(a, b + 2)) for j in range(a, b + 2))
 
 
-def test_range_schedules_are_within_max_loss_at_every_size():
+def test_range_schedules_are_within_max_loss_at_every_size(monkeypatch):
     """One candidate and one protocol on dgx1, so merging on the pick alone puts every size in one
     range, whose schedule is more than 2% slower at some size (the old behaviour); split on loss,
     the written schedule, retimed to each size of its range, is within max_loss of that size's own."""
+    import flowride.sweep.ranges as ranges
     from flowride.api import retimed
     from flowride.collectives.demand import make_demand
 
+    swept: dict = {}
+    real = ranges.synthesize_sweep
+
+    def once(topo, coll, sizes, chunks, opts, progress, warm_start, nccl=True):  # both plans sweep the same (untimed)
+        key = (coll, tuple(sizes), chunks, opts, warm_start, nccl)
+        if key not in swept:
+            swept[key] = real(topo, coll, sizes, chunks, opts, progress, warm_start, nccl=nccl)
+        return swept[key]
+
+    monkeypatch.setattr(ranges, "synthesize_sweep", once)
     topo, sizes = dgx1(), [128000, 256000, 512000, 1024000]
     loose = plan_ranges(topo, "allgather", sizes, chunk_options=(4,), proto="LL", max_loss=100)
     assert len(loose.ranges) == 1 and loose.ranges[0].worst_loss > 1.02
@@ -362,13 +382,13 @@ def test_export_sizes_pass_both_executor_rules():
     _executor_rules_hold(plan.as_dict())
 
 
-def test_cli_export_refuses_stale_xml_then_cleans(tmp_path):
+def test_cli_export_refuses_stale_xml_then_cleans(tmp_path, capsys):
     out = tmp_path / "algos"
     base = ("export", "-t", "ring", "--n", "4", "-c", "allgather", "--chunk-options", "1,2", "--out-dir", out)
     r = cli(*base, "--sizes", "1KB,1MB")
     assert r.code == 0, r.err
     first = sorted(p.name for p in (out / "xml").iterdir())
-    line = assert_clean_error(cli(*base, "--sizes", "4KB,4MB"), 2, "--out-dir", first[0], "--clean", within=20)
+    line = refused_here(capsys, [*base, "--sizes", "4KB,4MB"], "--out-dir", first[0], "--clean")
     assert "xml" in line
     assert sorted(p.name for p in (out / "xml").iterdir()) == first  # nothing touched
     r = cli(*base, "--sizes", "4KB,4MB", "--clean")
@@ -376,7 +396,7 @@ def test_cli_export_refuses_stale_xml_then_cleans(tmp_path):
     ranges = _check_ranges(out)  # only the new XMLs are left in xml/
     assert [s for rg in ranges for s in rg["sizes"]] == [3968, 4000000]
     (out / "xml" / "notes.txt").write_text("mine")
-    assert_clean_error(cli(*base, "--sizes", "4KB", "--clean"), 2, "--out-dir", "notes.txt", within=20)
+    refused_here(capsys, [*base, "--sizes", "4KB", "--clean"], "--out-dir", "notes.txt")
     assert (out / "xml" / "notes.txt").exists() and len(list((out / "xml").glob("*.xml"))) == len(ranges)
 
 
@@ -414,12 +434,13 @@ def test_cli_synth_refuses_size_with_a_sweep():
     assert_clean_error(cli("synth", "-t", "ring", "--n", "4", "-s", "64MB", "--sizes", "1KB,2KB"), 2, "--size", "sweep", within=20)
 
 
-def test_cli_run_memory_error_names_the_option_used(tmp_path):
+def test_cli_run_memory_error_names_the_option_used(tmp_path, capsys):
+    """One refusal end to end, the others through ``main`` in this process."""
     sched = tmp_path / "ring4.json"
-    assert cli("synth", "-t", "ring", "--n", "4", "-c", "allgather", "-s", "64KB", "-o", sched).code == 0
+    assert main(["synth", "-t", "ring", "--n", "4", "-c", "allgather", "-s", "64KB", "--chunks", "1", "-o", str(sched)]) == 0
     assert_clean_error(cli("run", sched, "-b", "1K", "-e", "1T", "-f", "32"), 2, "-e/--maxbytes", "bytes per rank need", within=30)
-    assert_clean_error(cli("run", sched, "-b", "1T"), 2, "-b/--minbytes", within=30)
-    assert_clean_error(cli("run", sched, "--sizes", "1KB,1T"), 2, "--sizes", within=30)
+    refused_here(capsys, ["run", sched, "-b", "1T"], "-b/--minbytes", within=30)
+    refused_here(capsys, ["run", sched, "--sizes", "1KB,1T"], "--sizes", within=30)
 
 
 def test_run_result_algbw_is_the_metrics_one():

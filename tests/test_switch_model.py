@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.test_reductions import topologies
 
+from clirun import cli
 from flowride.api import coarse_to_fine, ladder_factors, switch_model, synthesize
 from flowride.collectives.demand import Collective, make_demand
 from flowride.schedule.ir import Schedule
@@ -40,6 +41,7 @@ from flowride.topology import torus
 from flowride.topology.builtins import dgx1, dgx2, h100, mi250, ndv2
 from flowride.topology.model import Link, Topology
 from flowride.topology.timing import epoch_timing
+from synth_helpers import refused_here
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -82,10 +84,9 @@ def test_cli_switch_copy_and_compat(tmp_path):
     (("-t", "torus", "--rows", "2", "--cols", "2", "--teccl-compat"), "--teccl-compat"),
     (("-t", "ring", "--n", "4", "--switch-copy", "on"), "--switch-copy"),
 ])
-def test_cli_switch_model_errors(args, field):
-    out = _cli("synth", *args, "-c", "allgather", "-s", "1MB")
-    assert out.returncode == 2
-    assert field in out.stderr and "Traceback" not in out.stderr
+def test_cli_switch_model_errors(capsys, args, field):
+    """In this process (a refusal end to end: test_topology_json_requires_copy)."""
+    refused_here(capsys, ["synth", *args, "-c", "allgather", "-s", "1MB"], field)
 
 
 def test_topology_json_requires_copy(tmp_path):
@@ -127,8 +128,8 @@ def test_fast_is_never_later_than_slow(topo, collective, size):
     the slow preset may count an alpha of at most a tenth of its epoch as none
     (docs/synthesis.md), which is the only way a slow figure can come out earlier."""
     topo = _no_alpha(topo)
-    slow = synthesize(topo, collective, size, "slow", 1, 30)
-    fast = synthesize(topo, collective, size, "fast", 1, 60)
+    slow = synthesize(topo, collective, size, "slow", 1, None)  # untimed: a limit could cut one search and not the other
+    fast = synthesize(topo, collective, size, "fast", 1, None)
     assert slow.sim.valid and fast.sim.valid
     assert fast.sim.finish_time_s <= slow.sim.finish_time_s * (1 + 1e-9)
 
@@ -154,7 +155,7 @@ def test_coarse_to_fine_gives_verified_retimed_schedules():
 def test_dgx2_published_model_fast_allgather_reaches_its_epoch_bound():
     """At 256 KB the fast preset on the published DGX2 model reaches the epoch lower bound
     (proven optimal); before the ladder it stopped 36% above it."""
-    o = synthesize(dgx2(2, teccl_compat=True), "allgather", 256_000, "fast", 1, 240)  # 256KB as the CLI reads it
+    o = synthesize(dgx2(2, teccl_compat=True), "allgather", 256_000, "fast", 1, None)  # 256KB as the CLI reads it; untimed
     r = o.report()
     assert r["verified"] and r["status"] == "optimal", r["status"]
     assert r["finish_time_us"] == pytest.approx(5.376, rel=1e-3)
@@ -235,9 +236,9 @@ def test_bounds_of_a_1024_gpu_torus_take_seconds():
     topo = torus(32, 32)
     d = make_demand(topo, "allgather", 1 << 20, 1)
     t = epoch_timing(topo, d.chunk_bytes, "fast")
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     eb = epoch_lower_bound(topo, d, t, epoch_distances(topo, t), 30)
-    assert time.perf_counter() - t0 < 30  # 2 s here; it did not end within 60 s before
+    assert time.process_time() - t0 < 30  # CPU seconds (a busy machine does not add any): 2 here; it did not end within 60 s before
     assert eb["ingress"] > 0 and eb["forest"] > 0
 
 
@@ -267,14 +268,14 @@ def test_link_book_matches_its_window_rule(b, cap, taken, k):
 
 def test_tiny_epoch_and_many_chunks_end_within_the_time_limit():
     """Huge models (a tiny epoch, 100,000 chunks) end within the limit plus a few seconds: with
-    the best verified schedule, or a clear error that none could be built."""
+    the best verified schedule, or a clear error that none could be built. Judged on the command's
+    CPU seconds (never more than its wall time here, and not stretched by a busy machine), with
+    the wall clock only as the generous "it ends" bound (cli's timeout)."""
     for args in (("--epoch", "1e-12"), ("--chunks", "100000")):
-        t0 = time.perf_counter()
-        out = _cli("synth", "-t", "ring", "--n", "4", "-c", "allgather", "-s", "1GB", "--time-limit", "10", *args, timeout=120)
-        took = time.perf_counter() - t0
-        assert took < 10 + 25, (args, took)
-        assert "Traceback" not in out.stderr
-        assert out.returncode in (0, 1, 2), out.stderr
+        out = cli("synth", "-t", "ring", "--n", "4", "-c", "allgather", "-s", "1GB", "--time-limit", "10", *args, timeout=120)
+        assert out.cpu_s < 10 + 25, (args, out.cpu_s, out.seconds)
+        assert "Traceback" not in out.err
+        assert out.code in (0, 1, 2), out.err
 
 
 # ------------------------------------------------------------------ AlltoAll objectives
@@ -293,9 +294,8 @@ def test_weighted_objective_is_available_and_named():
     assert m.sim.finish_time_s <= w.sim.finish_time_s * (1 + 1e-9)
 
 
-def test_weighted_objective_refused_where_it_does_not_apply():
-    out = _cli("synth", "-t", "dgx1", "-c", "allgather", "-s", "1MB", "--objective", "weighted")
-    assert out.returncode == 2 and "objective" in out.stderr and "Traceback" not in out.stderr
+def test_weighted_objective_refused_where_it_does_not_apply(capsys):
+    refused_here(capsys, ["synth", "-t", "dgx1", "-c", "allgather", "-s", "1MB", "--objective", "weighted"], "objective")
 
 
 @pytest.mark.parametrize("topo", [torus(4, 8), dgx2(2), ndv2(2)], ids=["torus4x8", "dgx2", "ndv2"])

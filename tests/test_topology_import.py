@@ -20,6 +20,7 @@ from flowride.topology import Topology, dgx1, h100, load_topology
 from flowride.topology.generations import GENERATIONS, apply_link_table, pcie_lane_GBps
 from flowride.topology.nccl_xml import import_nccl_xml
 from flowride.topology.nvsmi import import_nvidia_smi
+from synth_helpers import refused_here
 
 EX = ROOT / "examples" / "topologies"
 DGX1_SMI, DGX1_XML = EX / "dgx1-nvidia-smi.txt", EX / "dgx1-nccl-topo.xml"
@@ -314,16 +315,17 @@ def test_cli_imports_then_synthesizes(tmp_path):
     assert "verified: True" in r.out
 
 
-def test_cli_errors_are_one_line(tmp_path):
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    """The first end to end in a subprocess, the others through ``main`` in this process."""
     bad = smi(tmp_path, ["X NV?", "NV? X"])
-    assert_clean_error(cli("topology", "--from-nvidia-smi", bad), 2, "unknown token 'NV?'", "row GPU0", "column GPU1")
-    assert_clean_error(cli("topology"), 2, "--topology", "exactly one")
-    assert_clean_error(cli("topology", "-t", "dgx1", "--from-nccl-xml", DGX1_XML), 2, "--from-nccl-xml", "exactly one")
-    assert_clean_error(cli("topology", "-t", "dgx1", "--gpu-generation", "v100"), 2, "--gpu-generation")
-    assert_clean_error(cli("topology", "--from-nccl-xml", DGX1_XML, "--chassis", "2"), 2, "--chassis")
+    assert_clean_error(cli("topology", "--from-nvidia-smi", bad), 2, "unknown token 'NV?'", "row GPU0", "column GPU1", within=20)
+    refused_here(capsys, ["topology"], "--topology", "exactly one")
+    refused_here(capsys, ["topology", "-t", "dgx1", "--from-nccl-xml", DGX1_XML], "--from-nccl-xml", "exactly one")
+    refused_here(capsys, ["topology", "-t", "dgx1", "--gpu-generation", "v100"], "--gpu-generation")
+    refused_here(capsys, ["topology", "--from-nccl-xml", DGX1_XML, "--chassis", "2"], "--chassis")
     table = tmp_path / "t.json"
     table.write_text('{"syss": {}}')
-    assert_clean_error(cli("topology", "--from-nccl-xml", DGX1_XML, "--link-table", table), 2, "'syss'", "known keys")
-    assert_clean_error(cli("topology", "--from-nccl-xml", DGX1_XML, "--gpu-generation", "p100"), 2, "--gpu-generation", "v100, a100, h100")
+    refused_here(capsys, ["topology", "--from-nccl-xml", DGX1_XML, "--link-table", table], "'syss'", "known keys")
+    refused_here(capsys, ["topology", "--from-nccl-xml", DGX1_XML, "--gpu-generation", "p100"], "--gpu-generation", "v100, a100, h100")
     # --switch-copy would make PCIe switches and CPU sockets replicate: refused, pointing at the link table
-    assert_clean_error(cli("topology", "--from-nccl-xml", DGX1_XML, "--switch-copy", "on"), 2, "--switch-copy", "nvswitch_copy")
+    refused_here(capsys, ["topology", "--from-nccl-xml", DGX1_XML, "--switch-copy", "on"], "--switch-copy", "nvswitch_copy")
