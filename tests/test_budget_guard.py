@@ -138,17 +138,28 @@ def test_the_level_stays_on_the_ladder_and_every_action_is_recorded(steps, budge
     assert ups - downs == g.level
 
 
-def test_the_guard_runs_end_to_end_on_the_small_preset(tmp_path):
+def test_the_guard_runs_end_to_end_through_the_cli(tmp_path):
     """``flowride train --side-tasks``: stage 0's iteration times reach the manager, the guard
-    pairs its own off iterations, and the report and table say what it did."""
+    pairs its own off iterations, and the report and table say what it did. (The tiny preset:
+    what the guard does with iteration times does not depend on the model's size.)"""
     import json
 
     from clirun import cli
+    from harvest_fixtures.shared import NORMAL_PRIORITY
 
     rep = tmp_path / "r.json"
-    r = cli("train", "--stages", "2", "--microbatches", "4", "--schedule", "1f1b", "--engine", "builtin", "--model", "small",
+    # what the guard does needs no baseline training and no profiling: both given (the CLI runs
+    # them in tests/test_harvest.py)
+    (tmp_path / "base.json").write_text(json.dumps({"iteration_times_s": [0.05] * 22, "iteration_time_s": 0.05,
+                                                    "losses": [0.0] * 24, "bubble_seconds_total": 0.2}))
+    (tmp_path / "rd").mkdir()
+    (tmp_path / "rd" / "task-profiles.json").write_text(json.dumps({"pagerank": {
+        "task": "pagerank", "unit": "sweeps", "steps": 30, "setup_s": 0.1, "peak_memory_bytes": 1 << 28, "device": "cpu",
+        "median_step_s": 0.0016, "p90_step_s": 0.006, "throughput": 1300.0}}))
+    r = cli("train", "--stages", "2", "--microbatches", "4", "--schedule", "1f1b", "--engine", "builtin", "--model", "tiny",
             "--iters", "24", "--side-tasks", "pagerank", "--budget", "2", "--paired-block", "0",
-            "--run-dir", tmp_path / "rd", "--report", rep, timeout=600)
+            "--baseline-report", tmp_path / "base.json", "--run-dir", tmp_path / "rd", "--report", rep,
+            env=NORMAL_PRIORITY, timeout=600)
     assert r.code == 0, r.err[-3000:]
     g = json.loads(rep.read_text())["guard"]
     assert g["budget_pct"] == 2.0 and g["every"] == 8

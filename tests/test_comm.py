@@ -241,6 +241,7 @@ def test_allgather_64_mib_per_rank(ring4_run):
     assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 < 1.5e9
 
 
+@pytest.mark.slow  # eight gloo ranks (about 20 s); the relays it runs are in the four-rank ring above too
 def test_eight_ranks_dgx1_all_collectives():
     # DGX-1 relays through GPUs without a direct link: scratch slots and store-and-forward
     scheds = four_schedules(build_topology("dgx1"), 1)

@@ -4,24 +4,32 @@ same arms at toy size, its JSON and table, and the repricing of a saved run."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from harvest_fixtures.shared import NORMAL_PRIORITY
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(400)
 
 
+@pytest.mark.slow  # the benchmark script end to end, about 80 s on 2 cores: `make test-slow`
 def test_the_gpu_benchmark_runs_its_arms_on_the_cpu(tmp_path):
+    """At toy size: two stages (the real one last, as by default), blocks of one iteration (the
+    fewest that pair), and no time budget: on a busy machine an arm must not be left out for
+    lack of time (the budget is for a lent GPU's hour)."""
     out = tmp_path / "g.json"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_harvest.py"), "--run-dir", str(tmp_path / "run"),
-                        "--out", str(out), "--arms", "none,freeride", "--pairs", "2", "--tasks", "gpu-pagerank"],
-                       capture_output=True, text=True, timeout=380, cwd=ROOT)
+                        "--out", str(out), "--arms", "none,freeride", "--stages", "2", "--pairs", "2", "--block", "1",
+                        "--tasks", "gpu-pagerank", "--budget-s", "100000"],
+                       capture_output=True, text=True, timeout=380, cwd=ROOT, env={**os.environ, **NORMAL_PRIORITY})
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(out.read_text())
-    assert doc["config"]["rehearse_stage"] == 3 and doc["alone"]["rehearsal"]["planned_by_type_s"]
+    assert doc["config"]["rehearse_stage"] == 1 and doc["alone"]["rehearsal"]["planned_by_type_s"]
     arms = {r["arm"]: r for r in doc["arms"]}
     assert set(arms) == {"none", "freeride"} and arms["none"]["side_steps"] == 0
     fr = arms["freeride"]

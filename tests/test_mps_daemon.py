@@ -159,7 +159,7 @@ def test_start_serves_and_stop_ends_it(fake, monkeypatch):
     daemon.stop()
     assert not daemon.control.exists()
     assert not mps_daemon_running()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a bound for "it exits at all", not a speed test
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not _alive(pid)
@@ -181,16 +181,19 @@ def test_context_manager_stops_on_error(fake):
 
 
 def test_daemon_that_ignores_quit_is_reported_not_killed(fake, monkeypatch):
-    daemon = fake(start_timeout_s=1)
-    daemon.start()
+    daemon = fake()
+    daemon.start()  # at the default timeout: starting is not what this checks
     monkeypatch.setenv("FAKE_MPS_IGNORE_QUIT", "1")  # like a daemon waiting for its clients
+    daemon.start_timeout_s = 1  # how long stop waits for a daemon that will never go
     with pytest.raises(RuntimeError, match="boom") as info:
         with daemon:
             raise RuntimeError("boom")
     assert any("still answers" in note for note in info.value.__notes__)
     with pytest.raises(MpsUnavailable, match=f"pid {daemon.pid}\\) still answers"):
         daemon.stop()
+    daemon.start_timeout_s = 60  # a client's answer may take a while on a busy machine
     assert _alive(daemon.pid) and daemon.answers()
+    monkeypatch.delenv("FAKE_MPS_IGNORE_QUIT")  # its clients gone: the fixture's stop ends it
 
 
 def test_try_start_gives_a_running_daemon(fake):
@@ -258,7 +261,7 @@ def test_pipe_that_never_appears_is_a_reason(bindir, tmp_path):
     daemon, reason = try_start(tmp_path / "mps", start_timeout_s=1)
     assert daemon is None
     assert "control pipe" in reason and "did not appear within 1 s" in reason
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 60  # it gives up at all (1 s on a quiet machine), not a speed test
 
 
 def test_prohibited_gpu_is_a_reason(fake, bindir):

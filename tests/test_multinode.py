@@ -35,7 +35,7 @@ from flowride.pipeline.trainer import train_as_rank
 from flowride.pipeline.worker import shift_record
 from flowride.ranks import RANK_GROUP_ENV, launched_as_rank
 
-NODE_TIMEOUT_S = 45  # per two-node run (about 8 s on an idle 2-core machine)
+NODE_TIMEOUT_S = 150  # per two-node run (about 8 s on an idle 2-core machine): a bound for "it ends", not a speed
 SLACK_S = 1e-6  # clock-read granularity on top of the bound
 
 
@@ -69,7 +69,9 @@ def test_offsets_are_zero_within_the_bound_on_one_clock():
     table = got[0]
     assert [c.rank for c in table] == [0, 1, 2] and table[0] == ClockOffset(0, 0.0, 0.0, 0.0)
     for c in table[1:]:
-        assert 0 < c.error_s < 0.05 and c.error_s == pytest.approx(c.rtt_s / 2)
+        # the bound is half the best round trip seen: how small it is depends on the machine's
+        # load (speed is not what this checks); that the offset lies within it does not
+        assert 0 < c.error_s and c.error_s == pytest.approx(c.rtt_s / 2)
         assert abs(c.offset_s) <= c.error_s + SLACK_S, c
 
 

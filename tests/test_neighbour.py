@@ -46,7 +46,7 @@ def _gone(pid: int) -> bool:
     return stat[stat.rfind(")") + 2] == "Z"
 
 
-def _wait_gone(pids: list[int], timeout: float = 5.0) -> bool:
+def _wait_gone(pids: list[int], timeout: float = 30.0) -> bool:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if all(_gone(p) for p in pids):
@@ -65,9 +65,11 @@ def test_takes_about_its_duty_of_a_core_and_stops_on_exit():
         (run1, asked1), wall = _cpu_s(pids[0]), time.monotonic() - t0
         assert nb.spec()["nice"] is not None
     ran, asked = (run1 - run0) / wall, (asked1 - asked0) / wall
-    assert 0.3 <= asked <= 0.7, f"duty 0.5 asked for {asked:.2f} of a core (ran {ran:.2f})"
+    # asked: runnable for the duty (spinning on wall time), plus however long the busy machine
+    # took to wake it each period (at most a third of a period here) - never all of the period
+    assert 0.3 <= asked <= 0.85, f"duty 0.5 asked for {asked:.2f} of a core (ran {ran:.2f})"
     assert 0.03 <= ran <= asked + 0.02, f"duty 0.5 ran {ran:.2f} of a core (asked for {asked:.2f})"
-    assert _wait_gone(pids, 1.0), "a neighbour process outlived its block"
+    assert _wait_gone(pids, 30.0), "a neighbour process outlived its block"
     assert nb.pids == []
 
 
@@ -77,7 +79,7 @@ def test_two_cores_start_and_stop_and_it_can_be_entered_again():
         with nb:
             pids = nb.pids
             assert len(set(pids)) == 2 and all(nb.alive())
-        assert _wait_gone(pids, 1.0)
+        assert _wait_gone(pids, 30.0)
     spec = nb.spec()
     assert {k: spec[k] for k in ("duty", "period_s", "cores", "jitter")} == {"duty": 0.2, "period_s": 0.05, "cores": 2, "jitter": 0.1}
 
@@ -87,7 +89,7 @@ def test_a_worker_that_dies_early_is_reported():
     with pytest.raises(RuntimeError, match="ended before the run did"):
         with nb:
             os.kill(nb.pids[0], 9)
-            time.sleep(0.2)
+            assert _wait_gone(nb.pids[:1])  # dead (a zombie its parent reaps at the block's end)
 
 
 def test_dies_with_its_parent():
@@ -103,7 +105,7 @@ def test_dies_with_its_parent():
         parent.kill()
         parent.wait()
         parent.stdout.close()
-    assert _wait_gone(pids, 2.0), "neighbour processes outlived their killed parent"
+    assert _wait_gone(pids, 30.0), "neighbour processes outlived their killed parent"  # 50 ms polls: a bound, not a speed
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -167,14 +167,12 @@ def _mutations(out, sim, data):
     assert any(v.startswith(f"link {s.link} ({lk.src}->{lk.dst}) carries") for v in replay(list(sched.sends) + extra))
 
 
-@pytest.mark.slow
 @given(inst=instances(collective="allgather"), data=st.data())
 def test_allgather_synthesis_properties(inst, data):
     out, sim = _check_synthesis(inst)
     _mutations(out, sim, data)
 
 
-@pytest.mark.slow
 @given(inst=instances(collective="alltoall"), data=st.data())
 def test_alltoall_synthesis_properties(inst, data):
     out, sim = _check_synthesis(inst)

@@ -22,8 +22,14 @@ from flowride.pipeline.rehearsal import (
     planned_bubbles,
     rehearsal_schedule,
 )
-from flowride.pipeline.schedules import theoretical_bubble_fraction
+from flowride.pipeline.schedules import (
+    _deps,
+    gap_types,
+    simulate_lists,
+    theoretical_bubble_fraction,
+)
 from flowride.pipeline.trainer import train
+from harvest_fixtures.shared import NORMAL_PRIORITY
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -76,40 +82,98 @@ def test_the_plan_at_equal_stages_is_the_closed_form_at_every_place(schedule, p,
     assert plan["bubble_fraction"] == pytest.approx(theoretical_bubble_fraction(schedule, p, m, v), rel=1e-9)
 
 
-@pytest.mark.parametrize("schedule,chunks,real", [("gpipe", 1, 0), ("1f1b", 1, 1), ("interleaved", 2, 3)])
+def _replayed(cfg: TrainConfig, ranks: list[dict], k: int) -> dict[str, float]:
+    """The real stage's idle seconds by gap type in iteration ``k`` as the schedule implies them
+    at the durations every stage's actions took in that iteration (the schedule replayed on
+    them, as ``planned_bubbles`` replays it on median times); ``"iteration"``: its makespan."""
+    lists, owner = rehearsal_schedule(cfg)
+    took = {}
+    for rr in ranks:
+        recs = [x for x in rr["iterations"][k]["records"] if x["kind"] != "O"]
+        for ins, rec in zip(lists[rr["rank"]], recs, strict=True):
+            took[(ins.kind, ins.chunk, ins.mb)] = rec["end"] - rec["compute"]
+    tl = simulate_lists(lists, lambda ins: _deps(ins, len(owner)), lambda ins: took[(ins.kind, ins.chunk, ins.mb)],
+                        lambda ins: owner[ins.chunk])
+    makespan = max(t[-1][1] for t in tl if t)
+    types = gap_types(lists[cfg.rehearse_stage])
+    out, edge = {"iteration": makespan}, 0.0
+    for i, (start, end, _ins) in enumerate(tl[cfg.rehearse_stage]):
+        out[types[i]] = out.get(types[i], 0.0) + max(0.0, start - edge)
+        edge = end
+    out[types[-1]] = out.get(types[-1], 0.0) + max(0.0, makespan - edge)
+    return out
+
+
+# 1F1B in `make test`; GPipe and interleaved (the same check on the other two orders, about 25 s
+# each) in `make test-slow`, which CI runs too
+@pytest.mark.parametrize("schedule,chunks,real", [pytest.param("gpipe", 1, 0, marks=pytest.mark.slow), ("1f1b", 1, 1),
+                                                  pytest.param("interleaved", 2, 3, marks=pytest.mark.slow)])
 def test_the_real_stage_idles_as_planned_and_as_the_closed_form(tmp_path, schedule, chunks, real):
-    """CPU, 4 stages, 'same' stand-ins: the real stage's measured bubble share is the plan's (the
-    schedule replayed at every stage's measured times) within 5 points, and so are its long
-    bubbles by type (15%, or 5% of an iteration); where the stages came out equal (the real
-    stage steady through the warm-up it was mirrored from), the share is the closed form within
-    5 points."""
-    cfg = TrainConfig(schedule=schedule, stages=4, microbatches=4, chunks=chunks, model="medium", iters=9, warmup_iters=3,
+    """CPU, 4 stages, 'same' stand-ins, 3 warm-up and 3 measured iterations (each is judged on
+    its own: more add nothing). In every measured iteration the real stage idles as the
+    schedule implies at the times its stages took in that iteration (the schedule replayed on
+    them): its share within 5 points, and its long bubbles by type within 15% (or 5% of an
+    iteration) over the run. Judged per iteration, on what each action took, because a busy
+    machine stretches some actions and not others: a plan at the run's median times (the
+    report's) came out 7.5 points from such a run. The stand-ins took the real stage's warm-up
+    times, as 'same' says (never less; more only by a late wake-up); a pipeline of equal stages
+    then idles as the closed form, which the property above checks of the replay."""
+    from flowride.pipeline.bubbles import iteration_gaps
+    from flowride.pipeline.rehearsal import measured_times
+
+    cfg = TrainConfig(schedule=schedule, stages=4, microbatches=4, chunks=chunks, model="medium", iters=6, warmup_iters=3,
                       rehearse_stage=real, run_dir=str(tmp_path))
-    rep = train(cfg).report()
-    r = rep["rehearsal"]
-    assert rep["bubble_fraction_measured"] == pytest.approx(r["planned_bubble_fraction"], abs=0.05), r
-    for typ, planned in r["planned_by_type_s"].items():
-        if planned > 0.2 * sum(r["planned_by_type_s"].values()):  # within 15%, or 5% of an iteration
-            tol = max(0.15 * planned, 0.05 * rep["iteration_time_s"])
-            assert r["measured_by_type_s"][typ] == pytest.approx(planned, abs=tol), (typ, r)
-    times = [r["times_s"][str(k)] for k in range(4)]
-    spread = max(abs(t["F"] + t["B"] - (times[real]["F"] + times[real]["B"])) / (times[real]["F"] + times[real]["B"]) for t in times)
-    if spread < 0.05:  # the stand-ins mirrored a steady real stage: the closed form, within 5 points
-        assert rep["bubble_fraction_measured"] == pytest.approx(rep["bubble_fraction_theory"], abs=0.05)
+    res = train(cfg)
+    rep = res.report()
+    ranks = sorted(res.ranks, key=lambda r: r["rank"])
+    mine = ranks[real]
+    measured: dict[str, float] = {}
+    replayed: dict[str, float] = {}
+    for k in range(cfg.warmup_iters, cfg.iters):
+        gaps, busy, total = iteration_gaps(mine, mine["iterations"][k])
+        plan = _replayed(cfg, ranks, k)
+        share = sum(v for t, v in plan.items() if t != "iteration") / plan["iteration"]
+        assert 1.0 - busy / total == pytest.approx(share, abs=0.05), (k, plan)
+        for g in gaps:
+            measured[g.type] = measured.get(g.type, 0.0) + g.seconds
+        for t, v in plan.items():
+            replayed[t] = replayed.get(t, 0.0) + v
+    idle = sum(v for t, v in replayed.items() if t != "iteration")
+    for typ, planned in replayed.items():
+        if typ != "iteration" and planned > 0.2 * idle:  # within 15%, or 5% of an iteration
+            tol = max(0.15 * planned, 0.05 * replayed["iteration"])
+            assert measured[typ] == pytest.approx(planned, abs=tol), (typ, measured, replayed)
+    # 'same': each stand-in sleeps the real stage's warm-up times, frozen at the last warm-up
+    # iteration from the ones before it but the cold first (here iteration 1)
+    frozen = measured_times(mine["iterations"][1]["records"])
+    for rr in ranks:
+        if rr["rank"] != real:
+            took = measured_times([x for it in rr["iterations"][cfg.warmup_iters:] for x in it["records"]])
+            for kind in ("F", "B"):
+                assert frozen.of(kind) <= took.of(kind) < frozen.of(kind) + 0.02, (rr["rank"], kind, took, frozen)
+    assert rep["rehearsal"]["real_stage"] == real and 0 < rep["rehearsal"]["planned_bubble_fraction"] < 1
     assert {b["stage"] for b in rep["bubbles"]} == {0, 1, 2, 3}
-    assert len(rep["losses"]) == 9 and all(x is not None for x in rep["losses"])  # the real stage's
+    assert len(rep["losses"]) == 6 and all(x is not None for x in rep["losses"])  # the real stage's
 
 
 def test_rehearsal_through_the_cli_harvests_the_real_stage_and_leaves_it_unchanged(tmp_path, fake_tasks_importable):
-    """torch's Interleaved1F1B through its action order, the real stage first, side work from a
-    GPU side task on CPU tensors; the real stage's losses identical with and without it."""
-    r = cli("train", "--schedule", "interleaved1f1b", "--stages", "4", "--microbatches", "4", "--model", "small", "--iters", "11",
+    """torch's Interleaved1F1B through its action order (2 ranks, 2 chunks each), the real stage
+    first, side work from a GPU side task on CPU tensors; the real stage's losses identical with
+    and without it. (The task's profile is given: profiling is tests/test_harvest.py's.)"""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "task-profiles.json").write_text(json.dumps({"gpu-pagerank": {
+        "task": "gpu-pagerank", "unit": "sweeps", "steps": 30, "setup_s": 0.1, "peak_memory_bytes": 1 << 28, "device": "cpu",
+        "median_step_s": 0.002, "p90_step_s": 0.003, "throughput": 1000.0}}))
+    r = cli("train", "--schedule", "interleaved1f1b", "--stages", "2", "--microbatches", "4", "--model", "small", "--iters", "7",
             "--rehearse", "0", "--stand-in", "F=0.02,B=0.04", "--side-tasks", "gpu-pagerank", "--paired-block", "1",
-            "--run-dir", tmp_path / "run", "--report", tmp_path / "rep.json", timeout=280)
+            "--run-dir", tmp_path / "run", "--report", tmp_path / "rep.json", env=NORMAL_PRIORITY, timeout=280)
     assert r.code == 0, r.err[-3000:]
     rep = json.loads((tmp_path / "rep.json").read_text())
     assert rep["rehearsal"]["real_stage"] == 0 and rep["losses_identical"] is True
-    assert {k: v for k, v in rep["rehearsal"]["times_s"]["1"].items() if k != "W"} == pytest.approx({"F": 0.02, "B": 0.04}, rel=0.1)
+    # a stand-in sleeps its given times: never less; more only by however late a busy machine wakes it
+    stand_in = rep["rehearsal"]["times_s"]["1"]
+    for kind, asked in (("F", 0.02), ("B", 0.04)):
+        assert asked <= stand_in[kind] < asked + 0.02, (kind, stand_in)
     assert sum(d["steps"] for d in rep["side_work"].values()) > 0
     assert "rehearsal: stage 0 real" in r.out
     assert set(rep["overrun_by_type"]) <= {"A", "B", "C", "D", "S"}
@@ -118,10 +182,18 @@ def test_rehearsal_through_the_cli_harvests_the_real_stage_and_leaves_it_unchang
 
 
 def test_a_plan_writes_stand_ins_a_rehearsal_reads(tmp_path):
-    """flowride plan --stand-ins: each stage's action times from the plan's own timeline."""
+    """flowride plan --stand-ins: each stage's action times from the plan's own timeline (an
+    interleaved job on two nodes, its tensor- and data-parallel collectives priced: small, so
+    the plan takes a second, not the 70B example's minute of pricing)."""
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({
+        "name": "a small interleaved job on two nodes",
+        "model": {"layers": 8, "hidden": 1024, "seq_len": 512, "microbatch_size": 1, "vocab": 32000},
+        "parallel": {"tp": 2, "pp": 4, "dp": 2, "virtual": 2, "microbatches": 8, "schedule": "interleaved"},
+        "hardware": {"node": "dgx-h100", "network": "rail", "nic": "400Gbps"}, "synthesis": {"enabled": False}}))
     out = tmp_path / "stand-ins.json"
-    r = cli("plan", "examples/plans/llama70b-8k-h100.json", "--no-synth", "--no-cache", "--stand-ins", out, timeout=200)
+    r = cli("plan", job, "--no-synth", "--no-cache", "--stand-ins", out, timeout=200)
     assert r.code == 0, r.err[-2000:]
     doc = json.loads(out.read_text())
     times = parse_stand_in(str(out), len(doc["stages"]))
-    assert len(times) == 16 and all(t.F > 0 and t.B > t.F for t in times)
+    assert len(times) == 4 and all(t.F > 0 and t.B > t.F for t in times)

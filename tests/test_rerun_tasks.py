@@ -29,15 +29,22 @@ from flowride.harvest.rerun import (
 )
 from flowride.harvest.states import TaskState
 from flowride.harvest.store import SCHEMA, TaskStore
+from harvest_fixtures.shared import NORMAL_PRIORITY
 
 pytestmark = pytest.mark.timeout(300)
 TESTS = str(Path(__file__).resolve().parent)
 COUNTER = "harvest_fixtures.fake_tasks:Counter"
+# three different tasks for flowride train (one 0.5 ms busy step under three names: quick to
+# start, nothing to set up, and a step fits the tiny preset's bubbles many times over)
+A, B, C = (f"harvest_fixtures.fake_tasks:{n}" for n in ("Tick", "Tally", "Score"))
 
 
 @pytest.fixture(autouse=True)
-def _fake_tasks(fake_tasks_importable):
-    """Every test here may start side-task processes that import tests/harvest_fixtures."""
+def _fake_tasks(fake_tasks_importable, monkeypatch):
+    """Every test here may start side-task processes that import tests/harvest_fixtures; they
+    and the manager keep normal priority (harvest_fixtures.shared.NORMAL_PRIORITY)."""
+    for k, v in NORMAL_PRIORITY.items():
+        monkeypatch.setenv(k, v)
 
 
 def _paused(store: TaskStore, tid: int) -> None:
@@ -148,7 +155,7 @@ def test_connect_reruns_resume_the_named_tasks_and_leave_the_rest(tmp_path):
         assert h.tasks["tasks"][1]["origin"] == SUBMITTED and "resume_leftovers=True" in h.tasks["note"]
         assert [t["id"] for t in h.tasks["left"]] == [other]
         late = st.submit(COUNTER, {"total": 10**9, "step_ms": 1})
-        wait_for(lambda: st.get(late).state is not TaskState.SUBMITTED, timeout=30)
+        wait_for(lambda: st.get(late).state is not TaskState.SUBMITTED)
     finally:
         record = h.close()
     assert st.get(late).origin == WHILE_RUNNING
@@ -187,21 +194,19 @@ def test_train_reruns_resume_the_named_tasks_and_leave_the_others(tmp_path):
     # no baseline training and no profiling: a given baseline report and measured profiles
     (tmp_path / "base.json").write_text(json.dumps({"iteration_times_s": [0.03] * 4, "iteration_time_s": 0.03,
                                                     "losses": [0.0] * 6, "bubble_seconds_total": 0.05}))
-    prof = {"unit": "units", "steps": 30, "setup_s": 0.1, "peak_memory_bytes": 4 << 28, "device": "cpu"}
-    (run / "task-profiles.json").write_text(json.dumps({
-        "pagerank": {**prof, "task": "pagerank", "unit": "sweeps", "median_step_s": 0.0016, "p90_step_s": 0.006, "throughput": 1300.0},
-        "image": {**prof, "task": "image", "unit": "images", "median_step_s": 0.03, "p90_step_s": 0.036, "throughput": 500.0},
-        "cnn": {**prof, "task": "cnn", "unit": "samples", "median_step_s": 0.05, "p90_step_s": 0.06, "throughput": 600.0}}))
-    r1, rep1 = _train(run, tmp_path / "r1.json", "pagerank,image")
-    assert [(t["name"], t["origin"]) for t in rep1["tasks"]] == [("pagerank", SUBMITTED), ("image", SUBMITTED)]
+    prof = {"unit": "ticks", "steps": 30, "setup_s": 0.0, "peak_memory_bytes": 1 << 20, "device": "cpu",
+            "median_step_s": 0.0005, "p90_step_s": 0.0006, "throughput": 2000.0}
+    (run / "task-profiles.json").write_text(json.dumps({name: {**prof, "task": name} for name in (A, B, C)}))
+    r1, rep1 = _train(run, tmp_path / "r1.json", f"{A},{B}")
+    assert [(t["name"], t["origin"]) for t in rep1["tasks"]] == [(A, SUBMITTED), (B, SUBMITTED)]
     assert "2 side tasks: 2 submitted by this run" in r1.out
     lines1 = sum(_step_lines(run).values())
     # the same run again: the same two tasks, resumed; nothing submitted twice
-    r2, rep2 = _train(run, tmp_path / "r2.json", "pagerank,image")
+    r2, rep2 = _train(run, tmp_path / "r2.json", f"{A},{B}")
     st = TaskStore.in_run_dir(run)
-    assert sorted(t.name for t in st.list()) == ["image", "pagerank"]
+    assert sorted(t.name for t in st.list()) == sorted([A, B])
     ids = {t.name: t.id for t in st.list()}
-    assert [(t["id"], t["origin"]) for t in rep2["tasks"]] == [(ids["pagerank"], RESUMED), (ids["image"], RESUMED)]
+    assert [(t["id"], t["origin"]) for t in rep2["tasks"]] == [(ids[A], RESUMED), (ids[B], RESUMED)]
     assert rep2["tasks_by_origin"] == {RESUMED: 2} and rep2["tasks_left"] == []
     assert "2 side tasks: 2 resumed (same name and parameters)" in r2.out
     # the second report counts only its own steps: none of the first run's (earlier than its iterations)
@@ -209,11 +214,11 @@ def test_train_reruns_resume_the_named_tasks_and_leave_the_others(tmp_path):
     # another task named: the two are left as they are, their steps do not grow, and the report says so
     before = {t.id: t for t in st.list()}
     steps_before = _step_lines(run)
-    r3, rep3 = _train(run, tmp_path / "r3.json", "cnn")
-    cnn = next(t.id for t in st.list() if t.name == "cnn")
-    assert [(t["id"], t["origin"]) for t in rep3["tasks"]] == [(cnn, SUBMITTED)]
+    r3, rep3 = _train(run, tmp_path / "r3.json", C)
+    third = next(t.id for t in st.list() if t.name == C)
+    assert [(t["id"], t["origin"]) for t in rep3["tasks"]] == [(third, SUBMITTED)]
     assert sorted(t["id"] for t in rep3["tasks_left"]) == sorted(ids.values())
-    assert set(rep3["side_work"]) <= {str(cnn)}
+    assert set(rep3["side_work"]) <= {str(third)}
     for tid in ids.values():
         assert st.get(tid) == before[tid]  # untouched: state, steps, origin, even the time it was updated
         assert _step_lines(run).get(tid, 0) == steps_before.get(tid, 0)
@@ -222,9 +227,9 @@ def test_train_reruns_resume_the_named_tasks_and_leave_the_others(tmp_path):
     ls = cli("tasks", "list", "--run-dir", run)
     assert ls.code == 0 and "origin" in ls.out and "submitted by this run" in ls.out
     # asked for: the leftovers run beside the named task
-    r4, rep4 = _train(run, tmp_path / "r4.json", "cnn", "--resume-leftovers")
+    r4, rep4 = _train(run, tmp_path / "r4.json", C, "--resume-leftovers", "--iters", "14")  # bubbles enough for all three
     origins = {t["id"]: t["origin"] for t in rep4["tasks"]}
-    assert origins == {cnn: RESUMED, ids["pagerank"]: LEFTOVER, ids["image"]: LEFTOVER} and rep4["tasks_left"] == []
+    assert origins == {third: RESUMED, ids[A]: LEFTOVER, ids[B]: LEFTOVER} and rep4["tasks_left"] == []
     assert rep4["tasks_by_origin"] == {RESUMED: 1, LEFTOVER: 2}
     grown = _step_lines(run)
     assert sum(grown.get(t, 0) for t in ids.values()) > sum(steps_before.get(t, 0) for t in ids.values())

@@ -1,10 +1,12 @@
 """Run under torchrun: train a torch schedule without flowride, then again with
 ``flowride.harvest.attach`` (side tasks running in the bubbles), and write what each rank saw.
 
-    torchrun --standalone --nproc-per-node 2 torch_attach_check.py SCHEDULE RUN_DIR [STEPS]
+    torchrun --standalone --nproc-per-node 2 torch_attach_check.py SCHEDULE[,SCHEDULE...] RUN_DIR [STEPS]
 
-Writes RUN_DIR/check-rank{r}.json: the losses of both runs (last stage), the plan's implied
-idle per gap, the learned wait lengths, compute times and the observer's plan mismatches.
+Several schedules are checked one after the other in the one launch (one process group, one
+torch import per rank). Writes RUN_DIR/SCHEDULE/check-rank{r}.json: the losses of both runs
+(last stage), the plan's implied idle per gap, the learned wait lengths, compute times and the
+observer's plan mismatches.
 """
 
 from __future__ import annotations
@@ -88,17 +90,20 @@ def train(name: str, rank: int, world: int, steps: int, attach_dir: Path | None)
 
 
 def main() -> None:
-    name, run_dir = sys.argv[1], Path(sys.argv[2])
+    names, run_dir = sys.argv[1].split(","), Path(sys.argv[2])
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 6
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
-    plain, _ = train(name, rank, world, steps, None)
-    dist.barrier()
-    harvested, info = train(name, rank, world, steps, run_dir / "harvest")
-    out = {"rank": rank, "plain": plain, "harvested": harvested, **info}
-    (run_dir / f"check-rank{rank}.json").write_text(json.dumps(out))
-    dist.barrier()
+    for name in names:
+        out_dir = run_dir / name
+        out_dir.mkdir(parents=True, exist_ok=True)
+        plain, _ = train(name, rank, world, steps, None)
+        dist.barrier()
+        harvested, info = train(name, rank, world, steps, out_dir / "harvest")
+        out = {"rank": rank, "plain": plain, "harvested": harvested, **info}
+        (out_dir / f"check-rank{rank}.json").write_text(json.dumps(out))
+        dist.barrier()
     dist.destroy_process_group()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -151,3 +152,32 @@ def why_none(tasks: Iterable[Fittable], stage: int, ev: BubbleEvent, now: float,
         return (f"no side task's step fits: the shortest needs {need * 1e3:.1f} ms (its median step x {factor:g}), "
                 f"the bubble had {max(0.0, left) * 1e3:.1f} ms left")
     return "no side task fits the stage's free memory"
+
+
+class Decisions:
+    """The manager's fit decisions, the last ``keep`` of them, in its record: for each bubble it
+    looked at (announced, or what was left of it once a task yielded or saved), when, what was
+    left of it, the fit factor, what a step needed (the task started, else the shortest of those
+    that may run there), which task started, or why none did.
+
+    What the rule decided is kept apart from whether a step then managed to run in a few ms of
+    wall time: a user reads why a bubble went unused, and a test asserts the decision, which no
+    busy machine changes, not a count of steps in a window a busy machine shrinks."""
+
+    def __init__(self, keep: int = 1000) -> None:
+        self.log: deque[dict] = deque(maxlen=keep)
+
+    def add(self, ev: BubbleEvent, now: float, factor: float, tasks: Iterable[Fittable],
+            started: Fittable | None, why: str | None) -> None:
+        here = [t for t in tasks if t.ready and not t.finished and (t.home is None or t.home == ev.stage)]
+        weighed = [started] if started is not None else here
+        need = min((t.need_s(factor) for t in weighed), default=None)
+        left = None if ev.predicted_end is None else ev.predicted_end - now
+        self.log.append({"stage": ev.stage, "type": ev.type, "iteration": ev.iteration, "start": ev.start,
+                         "end": ev.predicted_end, "at": now, "left_s": left, "factor": factor, "need_s": need,
+                         "task": started.rec.id if started is not None else None, "why": why})
+
+    def switched(self, kind: str, at: float) -> None:
+        """Training switched harvesting ``kind`` (on/off) and the manager acted on it at ``at``
+        (off: every running task had been told to pause; no step starts after that)."""
+        self.log.append({"event": kind, "at": at})

@@ -43,7 +43,7 @@ from collections import Counter
 from pathlib import Path
 
 from flowride.files import write_json_atomic
-from flowride.harvest.fitting import BubbleMargins, candidates, why_none
+from flowride.harvest.fitting import BubbleMargins, Decisions, candidates, why_none
 from flowride.harvest.guard import BudgetGuard
 from flowride.harvest.hosts import Live, cuda_devices, start_host
 from flowride.harvest.leasing import poll_queue
@@ -103,6 +103,7 @@ class Manager:
         self.type_of: dict[int, str] = {}  # task id -> the bubble type it runs in now
         self.failures: list[dict] = []
         self.margins = BubbleMargins()  # per bubble type: how bubbles ended against their prediction (fitting.py)
+        self.decisions = Decisions()  # what the fit rule decided, bubble by bubble (fitting.py)
         self.unused: Counter[str] = Counter()  # why an announced bubble got no side step, by rule
         self.unused_example: dict[str, str] = {}  # rule -> the last such reason in full
         self.bubbles_announced = 0
@@ -169,27 +170,35 @@ class Manager:
     def _fill(self, stage: int) -> str | None:
         """Inside a bubble and no task running there: start the best one whose next step fits what
         is left of it, with the fit factor widened by its type's spread (fitting.BubbleMargins).
-        Returns why none started (None: one did, or one runs already)."""
+        Returns why none started (None: one did, or one runs already); each decision is kept
+        (fitting.Decisions)."""
         ev = self.bubble.get(stage)
         if ev is None or stage in self.running_on:
             return None
-        if not self.harvesting:
-            return "harvesting was off (the training's own off block of a paired measurement)"
         now = time.monotonic()
+        factor = self._factor() / self.margins.shrink(ev.type)
+        why, chosen = self._choose(ev, now, factor)
+        if chosen is not None:
+            self.type_of[chosen.rec.id] = ev.type
+            self._start(chosen, stage, ev.predicted_end, factor)
+        self.decisions.add(ev, now, factor, self.live.values(), chosen, why)
+        return why
+
+    def _choose(self, ev: BubbleEvent, now: float, factor: float) -> tuple[str | None, Live | None]:
+        """The task to start in bubble ``ev`` seen at ``now``, or why none may start."""
+        if not self.harvesting:
+            return "harvesting was off (the training's own off block of a paired measurement)", None
         if ev.predicted_end is None or ev.predicted_end <= now:
-            return "the bubble had ended (its predicted end) when it was seen"
+            return "the bubble had ended (its predicted end) when it was seen", None
         why = self._guard_why(ev)
         if why:
-            return why
-        factor = self._factor() / self.margins.shrink(ev.type)
-        cands = candidates(self.live.values(), stage, ev, now, factor)
+            return why, None
+        cands = candidates(self.live.values(), ev.stage, ev, now, factor)
         if self.guard is not None and self.guard.setting.skip_overrunning:
             cands = [c for c in cands if not _overran(c.steps, c.overruns)]
         if not cands:
-            return why_none(self.live.values(), stage, ev, now, factor)
-        self.type_of[cands[0].rec.id] = ev.type
-        self._start(cands[0], stage, ev.predicted_end, factor)
-        return None
+            return why_none(self.live.values(), ev.stage, ev, now, factor), None
+        return None, cands[0]
 
     # ------------------------------------------------------------------ the budget guard
     def _factor(self) -> float:
@@ -313,6 +322,8 @@ class Manager:
             live.saving = False
             live.last_ckpt = time.monotonic()
             self._store_checkpoint(live)
+            for stage in list(self.bubble):  # a bubble that came while it saved may still hold a step
+                self._fill(stage)
 
     def _store_checkpoint(self, live: Live) -> None:
         """Copy the task's checkpoint file into the durable store."""
@@ -360,6 +371,7 @@ class Manager:
             if not self.harvesting:
                 for t in list(self.live.values()):
                     self._pause(t)
+            self.decisions.switched(ev.kind, time.monotonic())  # after every pause was signalled
             return
         if not 0 <= ev.stage < self.stages or self.mode != "freeride":
             return
@@ -401,9 +413,10 @@ class Manager:
                 self._pause(t)  # continuous modes: yield now and then so the task can checkpoint
 
     def _poll_store(self) -> None:
-        """New submissions and cancellations, seen while running (the store is shared)."""
+        """New submissions and cancellations, seen while running (the store is shared); on the
+        cluster queue, leases taken, lost and cancelled (:func:`flowride.harvest.leasing.poll_queue`)."""
         if self.store.is_queue:
-            self._poll_queue()
+            poll_queue(self)
             return
         for rec in self.store.list():  # the run's tasks only: other runs' stay as they are (harvest/rerun.py)
             if rec.state is TaskState.SUBMITTED and rec.id not in self.live and not rec.cancel_requested \
@@ -417,10 +430,6 @@ class Manager:
                 live.kill()
                 self._forget(live)
                 self._set_state(live, TaskState.STOPPED, "cancelled by the user")
-
-    def _poll_queue(self) -> None:
-        """The cluster queue: leases taken, lost and cancelled (:func:`flowride.harvest.leasing.poll_queue`)."""
-        poll_queue(self)
 
     # ------------------------------------------------------------------ loops
     def _schedule_loop(self) -> None:
@@ -502,7 +511,7 @@ class Manager:
             # every announced bubble, and why those that got no side step got none
             "bubbles": {"announced": self.bubbles_announced, "unused_by_reason": dict(self.unused.most_common()),
                         "unused_examples": self.unused_example,
-                        "prediction_by_type": self.margins.report()},
+                        "prediction_by_type": self.margins.report(), "decisions": list(self.decisions.log)},
         }
         write_json_atomic(self.run_dir / "harvest.json", record)
         remove_pid(self.run_dir)

@@ -65,9 +65,11 @@ def host_iterative(name: str, params: dict, ckpt: Path) -> int:
             before = int(cmd.get("pauses", _pauses_seen))  # pauses sent before this run
             until, need = float(cmd["until"]), float(cmd["need_s"])
             left = int(cmd.get("max_steps", -1))  # a probe runs a few steps whatever the time
-            while not task.finished() and _pauses_seen <= before and until - time.monotonic() > need and left != 0:
+            while not task.finished() and _pauses_seen <= before and left != 0:
+                t0 = time.monotonic()  # one reading: a step's recorded start is the one the fit was judged at
+                if until - t0 <= need:
+                    break
                 left -= 1
-                t0 = time.monotonic()
                 if gpu is None:
                     units = float(task.step())
                     _emit({"ev": "step", "t0": t0, "t1": time.monotonic(), "units": units})

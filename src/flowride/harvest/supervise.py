@@ -28,6 +28,7 @@ from pathlib import Path
 
 from flowride.errors import InputError
 from flowride.harvest.hostfs import host_id
+from flowride.harvest.limits import take_idle_priority
 from flowride.harvest.manager_files import (
     OPTIONS_FILE,
     ManagerOptions,
@@ -57,22 +58,14 @@ class ManagerUnavailable(RuntimeError):
 
 def _idle_priority_and_tie_to_parent() -> None:
     """The manager only works while a stage idles: on CPU it runs at idle priority, so it can
-    never take a core from training. It also dies (SIGTERM: it saves and exits) with whoever
-    started it, so a killed launcher leaves no manager behind."""
+    never take a core from training (limits.take_idle_priority). It also dies (SIGTERM: it saves
+    and exits) with whoever started it, so a killed launcher leaves no manager behind."""
     set_parent_death_signal(signal.SIGTERM)
-    os.nice(19)
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
+    take_idle_priority()
 
 
 def _idle_priority_detached() -> None:
-    os.nice(19)
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
+    take_idle_priority()
 
 
 class ManagerProcess:

@@ -23,7 +23,6 @@ from flowride.files import read_json
 from flowride.pipeline.bubbles import Gap, analyse, iteration_gaps
 from flowride.pipeline.config import TrainConfig
 from flowride.pipeline.launch import TrainingFailed, launch
-from flowride.pipeline.rehearsal import rehearsal_report
 from flowride.pipeline.reporter import PROFILE_SCHEMA
 from flowride.pipeline.schedules import theoretical_bubble_fraction
 from flowride.ranks import leave_process_group
@@ -73,7 +72,7 @@ class TrainResult:
             "iteration_idle_s": a["iteration_idle_s"],
             # every timestamp above is on rank 0's clock: each rank's offset and its bound
             "rehearsal": (None if cfg.rehearse_stage is None else
-                          rehearsal_report(cfg, self.ranks, a["bubbles"], min(cfg.warmup_iters, max(0, cfg.iters - 1)))),
+                          _rehearsal_report(cfg, self.ranks, a["bubbles"], min(cfg.warmup_iters, max(0, cfg.iters - 1)))),
             "clock_offsets": [{"rank": r["rank"], "host": r.get("host"), **{k: r["clock"][k] for k in ("offset_s", "error_s", "rtt_s")}}
                               for r in self.ranks if "clock" in r],
         }
@@ -185,3 +184,11 @@ def train_as_rank(cfg: TrainConfig, on_iteration: Callable[[dict], None] | None 
         leave_process_group()
         raise TrainingFailed(rank, f"rank {rank} of {os.environ.get('WORLD_SIZE', '?')}: {type(e).__name__}: {e}") from None
     return None if records is None else assemble(cfg, records)
+
+
+def _rehearsal_report(cfg: TrainConfig, ranks: list[dict], bubbles: list[dict], warmup: int) -> dict:
+    """:func:`flowride.pipeline.rehearsal.rehearsal_report`, imported here: it brings torch, which
+    the launcher needs for nothing else (a refused command or a plain run starts without it)."""
+    from flowride.pipeline.rehearsal import rehearsal_report
+
+    return rehearsal_report(cfg, ranks, bubbles, warmup)
