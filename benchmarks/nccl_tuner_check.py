@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from flowride.runtime.nccl_tuning import estimates
 from flowride.sweep.nccl_tuner import (
     applied_at,
     apply_tuner_csv,
@@ -39,7 +40,6 @@ from flowride.sweep.nccl_tuner import (
 )
 from flowride.sweep.nccl_tuner_rules import check_tuner_csv, parse_tuner_csv
 from flowride.synth.nccl import machine
-from flowride.synth.nccl_tuning import estimates
 from flowride.topology import build_topology
 from flowride.units import format_size, sweep_sizes
 

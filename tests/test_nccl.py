@@ -11,10 +11,10 @@ import pytest
 
 from flowride.api import synthesize
 from flowride.collectives.demand import Collective, make_demand
+from flowride.runtime.nccl_tuning import Machine, best_per_algorithm, nccl_protocol
 from flowride.schedule.ir import Schedule
 from flowride.schedule.simulate import simulate
 from flowride.synth.nccl import _ring_schedule, model_nccl, ring_epochs_estimate
-from flowride.synth.nccl_tuning import Machine, best_per_algorithm, nccl_protocol
 from flowride.synth.nccl_view import hosts, nvls_switch, ring_channels, single_host_rings
 from flowride.topology.builtins import dgx1, dgx2, h100, mi250, ring, switch
 from flowride.topology.fabrics import FabricSpec, fabric

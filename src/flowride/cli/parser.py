@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from flowride.cli import demo, export, harvest, plan, run, synth, topology, train
+from flowride.cli import calibrate, demo, export, harvest, plan, run, synth, topology, train
 from flowride.cli.common import Parser
 
 REGISTRATIONS = (
     synth.add_synth, synth.add_verify, export.add_export, synth.add_show, run.add_run, topology.add_topologies,
     train.add_train, harvest.add_manager, harvest.add_profile_task, harvest.add_tasks, train.add_profile_bubbles,
-    train.add_schedule_show, plan.add_plan, demo.add_demo,
+    train.add_schedule_show, plan.add_plan, calibrate.add_calibrate, demo.add_demo,
 )
 
 

@@ -69,6 +69,60 @@ class Estimate:
     busbw_GBps: float
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """Corrections to NCCL's own figures, fitted to measured collectives (:mod:`flowride.runtime.fit`).
+
+    The identity (every field at its default) is NCCL's model as NCCL computes it. ``floor_us`` is
+    what every call pays beyond NCCL's latencies (the launch, the kernel's start and completion),
+    ``floor_net_us`` what a call across nodes pays on top (the proxy's and the network's start);
+    ``lat_intra``/``lat_net`` scale the per-step latencies of hops inside a node and through the
+    network proxy; ``bw_intra``/``bw_net`` scale the bandwidth NCCL counts per NVLink and per NIC
+    (what the hardware sustains against NCCL's table); ``nvls_eff`` replaces NCCL's NVLS
+    efficiency; ``ramp_MiB`` is how much data an algorithm needs in flight before it runs at its
+    bandwidth: a call of S bytes gets ``1 / (1 + sqrt(ramp / S))`` of it (0: no ramp), so its
+    time is ``S / B + sqrt(S * ramp) / B``: the fill and drain of its pipeline grow with the chunk
+    it pipelines, which grows with S. ``launch_us`` is one kernel launch: a process that drives g
+    GPUs (nccl-tests ``-g g``) launches g kernels one after another, and a launch replayed from a
+    CUDA graph (``-G``) costs none of it; ``lat_nvls`` scales NVLS's own latencies."""
+
+    floor_us: float = 0.0
+    floor_net_us: float = 0.0  # added where the call crosses nodes
+    lat_intra: float = 1.0
+    lat_net: float = 1.0
+    bw_intra: float = 1.0
+    bw_net: float = 1.0
+    nvls_eff: float | None = None
+    ramp_MiB: float = 0.0
+    launch_us: float = 0.0
+    lat_nvls: float = 1.0
+    ramp_net_MiB: float = 0.0  # added to ramp_MiB where the call crosses nodes (the network's pipeline)
+    # what a tree may carry across exactly two nodes against NCCL's cap (NCCL counts a ring's NIC
+    # share; on two nodes each NIC carries half of what the bus bandwidth counts: up to 2x)
+    tree_net: float = 1.0
+
+    def ramp(self, size_bytes: float, nodes: int = 1) -> float:
+        r = self.ramp_MiB + (self.ramp_net_MiB if nodes > 1 else 0.0)
+        if r <= 0 or size_bytes <= 0:
+            return 1.0
+        return 1.0 / (1.0 + math.sqrt(r * 2**20 / size_bytes))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the measured program launched the collective: GPUs driven by one thread (nccl-tests
+    ``-g``), and whether launches were replayed from a CUDA graph (``-G``)."""
+
+    gpus_per_thread: int = 1
+    cuda_graph: bool = False
+
+
+ONE_PER_THREAD = Launch()
+
+
+IDENTITY = Calibration()
+
+
 def _idx(nodes: int) -> int:
     return 0 if nodes <= 1 else (1 if nodes == 2 else 2)
 
@@ -82,16 +136,26 @@ def assumed_channels(nodes: int, nics: int) -> int:
     return max(1, nics if nodes > 1 else 12)
 
 
-def estimates(coll: Collective | str, m: Machine, size_bytes: int) -> list[Estimate]:
+def estimates(coll: Collective | str, m: Machine, size_bytes: int, cal: Calibration = IDENTITY,
+              launch: Launch = ONE_PER_THREAD) -> list[Estimate]:
     """Every (algorithm, protocol) NCCL would consider for ``coll`` of ``size_bytes`` (the output
     per GPU for AllGather, the input for ReduceScatter, the buffer for AllReduce and AlltoAll),
-    each with its estimated time."""
+    each with its estimated time; ``cal`` corrects NCCL's figures (:class:`Calibration`)."""
     c = coll if isinstance(coll, Collective) else Collective.parse(coll)
     n, nodes, ppn = m.ranks, max(1, m.nodes), m.ppn
     arch = m.arch if m.arch in LL_MAX_BW else "hopper"
-    intra_bw = m.intra_GBps * NVLINK_PER_LINK[arch] / NVLINK_NOMINAL[arch]  # what NCCL counts of the NVLink
+    intra_bw = m.intra_GBps * NVLINK_PER_LINK[arch] / NVLINK_NOMINAL[arch] * cal.bw_intra  # what NCCL counts of the NVLink
+    nic_bw = m.nic_GBps * cal.bw_net
+    base_lat = {a: tuple(x * cal.lat_intra for x in v) for a, v in BASE_LAT_US.items()}
+    hw_lat = {"nvlink": {a: tuple(x * (cal.lat_nvls if a.startswith("nvls") else cal.lat_intra) for x in v)
+                         for a, v in HW_LAT_US["nvlink"].items()},
+              "net": {a: tuple(x * cal.lat_net for x in v) for a, v in HW_LAT_US["net"].items()}}
+    ramp = cal.ramp(size_bytes, nodes)
+    floor = cal.floor_us + (cal.floor_net_us if nodes > 1 else 0.0) + cal.launch_us * (launch.gpus_per_thread - 1)
+    if launch.cuda_graph:
+        floor = max(0.0, floor - cal.launch_us)
     if nodes > 1:
-        inter_bw = m.nics * m.nic_GBps
+        inter_bw = m.nics * nic_bw
         ring_bus = min(intra_bw, inter_bw)
     else:
         inter_bw = 0.0
@@ -105,7 +169,8 @@ def estimates(coll: Collective | str, m: Machine, size_bytes: int) -> list[Estim
     def add(algo: str, p: int, lat: float, bus: float, to_alg: float) -> None:
         if bus <= 0:
             return
-        algbw = bus * to_alg
+        algbw = bus * to_alg * ramp
+        lat += floor
         out.append(Estimate(algo, PROTOS[p], lat + size_bytes / (1000.0 * algbw), lat, bus))
 
     algos = ["ring"]
@@ -125,9 +190,9 @@ def estimates(coll: Collective | str, m: Machine, size_bytes: int) -> list[Estim
             if algo in ("nvls", "nvls_tree", "pat", "p2p") and PROTOS[p] != "Simple":
                 continue
             if algo == "ring":
-                intra_lat = HW_LAT_US["nvlink"]["ring"][p]
-                inter_lat = HW_LAT_US["net"]["ring"][p]
-                lat = BASE_LAT_US["ring"][p] + (nsteps - n_inter) * max(intra_lat, net_overhead * (3 if p == 2 else 1)) + n_inter * inter_lat
+                intra_lat = hw_lat["nvlink"]["ring"][p]
+                inter_lat = hw_lat["net"]["ring"][p]
+                lat = base_lat["ring"][p] + (nsteps - n_inter) * max(intra_lat, net_overhead * (3 if p == 2 else 1)) + n_inter * inter_lat
                 bus = ring_bus
                 if p == 0:
                     bus = min(LL_MAX_BW[arch][_idx(nodes)], 0.5 * bus)
@@ -137,51 +202,55 @@ def estimates(coll: Collective | str, m: Machine, size_bytes: int) -> list[Estim
                     lat *= 1.4  # the Simple ring AllReduce plateau factor
                 add("ring", p, lat, bus, n / nsteps)
             elif algo == "tree":
-                intra_lat = HW_LAT_US["nvlink"]["tree"][p]
-                inter_lat = HW_LAT_US["net"]["tree"][p]
-                lat = BASE_LAT_US["tree"][p] + 2 * ((ppn - 1) * intra_lat + _log2i(nodes) * inter_lat)
-                bus = min(0.92 * ring_bus, ring_channels * TREE_MAX_BW[arch][_idx(nodes)])
+                intra_lat = hw_lat["nvlink"]["tree"][p]
+                inter_lat = hw_lat["net"]["tree"][p]
+                lat = base_lat["tree"][p] + 2 * ((ppn - 1) * intra_lat + _log2i(nodes) * inter_lat)
+                two = cal.tree_net if nodes == 2 else 1.0
+                tree_bus = min(intra_bw, inter_bw * two) if nodes > 1 else ring_bus
+                bus = min(0.92 * tree_bus, ring_channels * TREE_MAX_BW[arch][_idx(nodes)] * two)
                 if p == 0:
                     bus = min(bus / 3.8, LL_MAX_BW[arch][_idx(nodes)])
                 elif p == 1:
                     bus = min(bus * (7 / 9 if nodes == 1 else 120 / 128), ring_channels * RING_LL128_MAX_BW[arch])
                 add("tree", p, lat, bus, 0.5)
             elif algo == "nvls":
-                eff = NVLS_EFFICIENCY.get(arch, 0.85)
+                eff = cal.nvls_eff or NVLS_EFFICIENCY.get(arch, 0.85)
                 heads = max(2, min(n, 32))
                 per = intra_bw / (heads + 1)  # each head's share (the head pays twice)
                 f = 2.0 if c is Collective.ALLREDUCE else (ppn - 1) / ppn
                 bus = heads * per * eff * (heads - 1) / heads * f
                 to_alg = n / nsteps if c is Collective.ALLREDUCE else 1.0
-                add("nvls", p, HW_LAT_US["nvlink"]["nvls"][p], bus, to_alg)
+                add("nvls", p, hw_lat["nvlink"]["nvls"][p], bus, to_alg)
             elif algo == "nvls_tree":
-                eff = NVLS_EFFICIENCY.get(arch, 0.85)
+                eff = cal.nvls_eff or NVLS_EFFICIENCY.get(arch, 0.85)
                 heads = max(2, m.nics)
                 per = intra_bw / (heads + 1)
                 intra = per * eff * (heads - 1) / heads * 2.0
-                inter = m.nic_GBps * (2.0 if nodes <= 2 else 1.0)
+                inter = nic_bw * (2.0 if nodes <= 2 else 1.0)
                 cap = NVLS_TREE_MAX_BW.get(arch, (0, 57.7, 45.5))[_idx(nodes)]
                 bus = heads * min(intra, inter, cap)
-                lat = HW_LAT_US["nvlink"]["nvls_tree"][p] + 2 * _log2i(nodes) * HW_LAT_US["net"]["nvls_tree"][p]
+                lat = hw_lat["nvlink"]["nvls_tree"][p] + 2 * _log2i(nodes) * hw_lat["net"]["nvls_tree"][p]
                 add("nvls_tree", p, lat, bus, n / nsteps)
             elif algo == "pat":
-                lat = BASE_LAT_US["pat"][p] + _log2i(nodes) * HW_LAT_US["net"]["tree"][p] / 3.5 + n * 2.8
-                add("pat", p, lat, 0.75 * min(ring_bus, m.nic_GBps * m.nics), 1.0)
+                lat = base_lat["pat"][p] + _log2i(nodes) * hw_lat["net"]["tree"][p] / 3.5 + n * 2.8
+                add("pat", p, lat, 0.75 * min(ring_bus, nic_bw * m.nics), 1.0)
             else:  # p2p AlltoAll: every peer at once; a GPU's NVLink carries all it sends, its NICs what leaves the node
                 if intra_bw <= 0 or (nodes > 1 and inter_bw <= 0):
                     continue  # a machine the model has no figures for
-                lat = BASE_LAT_US["ring"][p] + HW_LAT_US["net" if nodes > 1 else "nvlink"]["ring"][p]
+                lat = base_lat["ring"][p] + hw_lat["net" if nodes > 1 else "nvlink"]["ring"][p]
                 secs_per_byte = (n - 1) / n / intra_bw
                 if nodes > 1:
                     secs_per_byte = max(secs_per_byte, (n - ppn) / n / (inter_bw / ppn))
-                out.append(Estimate("p2p", PROTOS[p], lat + size_bytes * secs_per_byte / 1000.0, lat, 1.0 / secs_per_byte))
+                lat += floor
+                out.append(Estimate("p2p", PROTOS[p], lat + size_bytes * secs_per_byte / (1000.0 * ramp), lat, 1.0 / secs_per_byte))
     return out
 
 
-def best_per_algorithm(coll: Collective | str, m: Machine, size_bytes: int) -> dict[str, Estimate]:
+def best_per_algorithm(coll: Collective | str, m: Machine, size_bytes: int, cal: Calibration = IDENTITY,
+                       launch: Launch = ONE_PER_THREAD) -> dict[str, Estimate]:
     """NCCL's pick of protocol per algorithm (the least estimated time)."""
     best: dict[str, Estimate] = {}
-    for e in estimates(coll, m, size_bytes):
+    for e in estimates(coll, m, size_bytes, cal, launch):
         if e.algorithm not in best or e.time_us < best[e.algorithm].time_us:
             best[e.algorithm] = e
     return best

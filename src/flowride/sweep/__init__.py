@@ -5,6 +5,7 @@ NCCL's example tuner plugin reads (:mod:`.nccl_tuner`, checked by :mod:`.nccl_tu
 A floor above :mod:`flowride.api` (it calls the synthesis) and :mod:`flowride.program` (it
 writes MSCCL XML); only the CLI imports it."""
 
+from flowride.runtime.nccl_tuning import NCCL_TUNING_SOURCE, PROTOCOL_RULE, nccl_protocol
 from flowride.sizes import DEFAULT_MAX_LOSS
 from flowride.sweep.nccl_tuner import (
     Choice,
@@ -48,7 +49,6 @@ from flowride.sweep.synth import (
     sweep_sizes_for,
     synthesize_sweep,
 )
-from flowride.synth.nccl_tuning import NCCL_TUNING_SOURCE, PROTOCOL_RULE, nccl_protocol
 
 __all__ = [
     "Choice", "Finding", "Kept", "SizeChoice", "TunerPlan", "TunerRange", "TunerRow", "check_tuner_csv", "export_nccl_tuner",

@@ -4,7 +4,7 @@ algorithm and protocol other than NCCL's own cost model, per collective and size
 At each swept size two choices are made on one topology:
 
 - **NCCL's default**: the (algorithm, protocol) of least estimated time in NCCL's own cost model
-  (:func:`flowride.synth.nccl_tuning.estimates`, an estimate of NCCL's ``tuning.cc``);
+  (:func:`flowride.runtime.nccl_tuning.estimates`, an estimate of NCCL's ``tuning.cc``);
 - **flowride's pick**: the (algorithm, protocol) of least time in flowride's model of NCCL's
   algorithms (:func:`flowride.synth.nccl.model_nccl`: ring, PAT, NVLS as schedules replayed by
   the simulator; tree and NVLS-tree, which the epoch IR cannot express, by NCCL's estimate). The
@@ -47,6 +47,13 @@ from pathlib import Path
 from flowride.collectives.demand import Collective
 from flowride.errors import InputError
 from flowride.files import check_output_file, write_text_atomic
+from flowride.runtime.nccl_tuning import (
+    BASE_LAT_US,
+    NCCL_TUNING_SOURCE,
+    PROTOS,
+    assumed_channels,
+    estimates,
+)
 from flowride.sweep.nccl_tuner_rules import (
     COLLECTIVES,
     COLUMNS,
@@ -61,13 +68,6 @@ from flowride.sweep.nccl_tuner_rules import (
     plugin_channels,
 )
 from flowride.synth.nccl import machine, model_nccl
-from flowride.synth.nccl_tuning import (
-    BASE_LAT_US,
-    NCCL_TUNING_SOURCE,
-    PROTOS,
-    assumed_channels,
-    estimates,
-)
 from flowride.topology.model import Topology
 from flowride.units import format_size
 
@@ -232,7 +232,7 @@ def choose(size: int, ours: dict[tuple[str, str], tuple[float, str, int]], est: 
 
 
 def nccl_channels(nodes: int, nics: int) -> int:
-    """The channel count NCCL's cost model assumes (:func:`flowride.synth.nccl_tuning.estimates`:
+    """The channel count NCCL's cost model assumes (:func:`flowride.runtime.nccl_tuning.estimates`:
     one per NIC across nodes, 12 within one), written for algorithms whose channels flowride does
     not model. Not -1: the example plugin starts every call at 1 channel and keeps that for a row
     of -1 (see :mod:`.nccl_tuner_rules`)."""

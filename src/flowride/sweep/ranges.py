@@ -37,11 +37,11 @@ from flowride.errors import InputError
 from flowride.files import check_output_dir, check_output_tree, write_json_atomic, write_text_atomic
 from flowride.program import from_msccl_xml, lower, to_msccl_xml, to_mscclpp
 from flowride.program.msccl_limits import PROTOS
+from flowride.runtime.nccl_tuning import PROTOCOL_RULE, nccl_protocol
 from flowride.schedule.ir import Schedule
 from flowride.schedule.metrics import run_bytes
 from flowride.sizes import DEFAULT_MAX_LOSS
 from flowride.sweep.synth import SweepPoint, synthesize_sweep
-from flowride.synth.nccl_tuning import PROTOCOL_RULE, nccl_protocol
 from flowride.synth.options import SynthOptions
 from flowride.synth.result import Progress
 from flowride.topology.group import relay_ranks

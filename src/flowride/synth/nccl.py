@@ -23,7 +23,7 @@ src/device, v2.29; docs/synthesis.md "NCCL's algorithms, modelled") and replayed
 
 Where the epoch IR cannot express an algorithm (NVLS's in-switch reduction for ReduceScatter and
 AllReduce, NVLS-tree, and the double binary tree's overlapped reduce and broadcast), only NCCL's
-own estimate (:mod:`flowride.synth.nccl_tuning`) is given, labelled so. Where a schedule would
+own estimate (:mod:`flowride.runtime.nccl_tuning`) is given, labelled so. Where a schedule would
 exceed the send budget (rings on a thousand GPUs), its time comes from the ring's epoch
 recurrence, also labelled. Simplifications are listed in docs/synthesis.md.
 """
@@ -35,11 +35,12 @@ import time
 from dataclasses import dataclass, field
 
 from flowride.collectives.demand import Collective, Demand, make_demand
+from flowride.runtime.nccl_tuning import NCCL_TUNING_SOURCE, Estimate, Machine, best_per_algorithm
+from flowride.runtime.predict import ARCH_OF_NODE
 from flowride.schedule.ir import Schedule
 from flowride.schedule.reduce import allreduce_from_allgather, reduce_scatter_from_allgather
 from flowride.schedule.simulate import simulate
 from flowride.synth.greedy import GreedyScheduler, doubling_allgather
-from flowride.synth.nccl_tuning import NCCL_TUNING_SOURCE, Estimate, Machine, best_per_algorithm
 from flowride.synth.nccl_view import Routes, hosts, nvls_switch, ring_channels, segments
 from flowride.topology.model import Topology
 from flowride.topology.timing import EpochTiming, epoch_timing
@@ -246,8 +247,7 @@ def machine(topo: Topology) -> Machine:
         nic = min(outs) if outs else 0.0
     fab = topo.params.get("fabric", {})
     node = str(fab.get("node", ""))
-    arch = {"dgx-a100": "ampere", "a800": "ampere", "dgx-h100": "hopper", "h800": "hopper", "hgx-b200": "blackwell",
-            "dgx2": "volta", "ndv2": "volta"}.get(node, "hopper")
+    arch = ARCH_OF_NODE.get(node, "hopper")
     if len(hs[0].gpus) == 1 or intra <= 0:  # no scale-up links of its own: what leaves the GPU
         intra = max(intra, nic * max(1, nics), sum(lk.bandwidth_GBps for lk in topo.links if lk.src == g0))
     return Machine(len(topo.gpus), len(hs), intra, nic, nics, nvls_switch(topo) is not None or (

@@ -1,0 +1,130 @@
+"""``flowride calibrate`` (the model fitted to a cluster's own nccl-tests logs) and ``flowride
+predict`` (what nccl-tests would print on a cluster, by the calibrated model of NCCL)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from flowride.argtypes import out_file
+from flowride.cli.common import as_options, console, err, topology_args
+from flowride.cli.sweep import SweepTable, _f, _time, sweep_args, sweep_of, sweep_option
+from flowride.errors import InputError
+
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
+
+
+def _cluster(a: argparse.Namespace):
+    """The topology the options name, its NCCL machine, and (node type, nodes) when it is a fabric."""
+    from flowride.cli.topology import load_topology
+    from flowride.synth.nccl import machine
+
+    topo = load_topology(a)
+    fab = topo.params.get("fabric") or {}
+    return topo, machine(topo), fab.get("node"), int(fab.get("nodes", 1))
+
+
+def _chosen(a: argparse.Namespace, node: str | None, nodes: int):
+    from flowride.runtime.defaults import resolve
+    from flowride.runtime.nccl_tuning import IDENTITY
+
+    if node is None and a.calibration in (None, "default", "ib", "efa"):  # a topology file: no node type to look up
+        from flowride.runtime.defaults import Chosen
+
+        return Chosen(IDENTITY, "NCCL's own model (a topology file names no node type; give --calibration FILE)", ())
+    with as_options(network_kind="--network-kind"):
+        return resolve(a.calibration, node or "", nodes, a.network_kind)
+
+
+def cmd_predict(a: argparse.Namespace) -> int:
+    from flowride.runtime.predict import predict
+
+    sizes = sweep_of(a) or []
+    if not sizes:
+        raise InputError("-b/--sizes", "no size given", "give -b 1K -e 1G (-f 2) or --sizes 1M,16M")
+    topo, m, node, nodes = _cluster(a)
+    chosen = _chosen(a, node, nodes)
+    with as_options(algorithm="--algorithm", size=sweep_option(a)):
+        rows = predict(a.collective, m, sizes, chosen.calibration, a.algorithm)
+    errs = [chosen.error_at(r.bytes) for r in rows]
+    out = [{"bytes": r.bytes, "time_us": r.time_us, "algbw_GBps": r.algbw_GBps, "busbw_GBps": r.busbw_GBps,
+            "algorithm": r.algorithm, "protocol": r.protocol, "model_error": e, "modelled": True} for r, e in zip(rows, errs, strict=True)]
+    if a.json:
+        print(json.dumps(out))
+        return 0
+    t = SweepTable(f"{a.collective} on {topo.name} ({m.ranks} GPUs): modelled (NCCL's cost model, {chosen.name}); "
+                   "model error: median |predicted/measured - 1| of the fit near that size",
+                   [("", "size", "(B)"), ("modelled", "time", "(us)"), ("modelled", "algbw", "(GB/s)"), ("modelled", "busbw", "(GB/s)"),
+                    ("NCCL", "algorithm", ""), ("NCCL", "protocol", ""), ("model", "error", "")], left=frozenset({"algorithm", "protocol"}))
+    for r in out:
+        t.add_row(str(r["bytes"]), _time(r["time_us"]), _f(r["algbw_GBps"], ".2f"), _f(r["busbw_GBps"], ".2f"), r["algorithm"],
+                  r["protocol"], "-" if r["model_error"] is None else f"{100 * r['model_error']:.0f}%")
+    t.print()
+    if chosen.borrowed:
+        console.print(f"note: {node} has no measured curve; the figures of {chosen.borrowed} stand in", soft_wrap=True)
+    return 0
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from flowride.runtime.calibrate import calibrate
+    from flowride.runtime.nccl_tests import read_nccl_tests
+    from flowride.runtime.profile import write_profile
+
+    _topo, m, node, nodes = _cluster(a)
+    if node is None:
+        raise InputError("--topology", "calibrate needs a cluster of a node type", "give -t fabric --node NODE --nodes N")
+    runs = []
+    for path in a.nccl_tests:
+        runs += read_nccl_tests(path, a.collective)
+    with err.status("[bold]calibrate[/bold] fitting"), as_options(network_kind="--network-kind"):
+        prof, notes = calibrate(runs, node, nodes, m.nics, m.nic_GBps * 8 if nodes > 1 else None, a.network_kind)
+    t = SweepTable(f"{nodes} x {node}: the calibrated model against {len(prof.fitted_on)} log(s) (out-of-place time; "
+                   f"fitted: {', '.join(prof.fields_fitted)})",
+                   [("", "collective", ""), ("", "size", "(B)"), ("measured", "time", "(us)"), ("modelled", "time", "(us)"),
+                    ("", "ratio", ""), ("NCCL", "algorithm", ""), ("NCCL", "protocol", "")],
+                   left=frozenset({"collective", "algorithm", "protocol"}))
+    for r in prof.fit:
+        t.add_row(r["collective"], str(r["bytes"]), _time(r["measured_us"]), _time(r["predicted_us"]), f"{r['ratio']:.3f}",
+                  r["algorithm"], r["protocol"])
+    t.print()
+    s = prof.summary
+    console.print(f"median |predicted/measured - 1|: {pct(s['median_err_ge_1MiB'])} at >= 1 MiB, {pct(s['median_err_lt_1MiB'])} "
+                  f"below; worst ratio {s['worst_ratio']:.3f} ({s['worst_at']})", soft_wrap=True)
+    for n in notes:
+        console.print(f"note: {n}", soft_wrap=True, markup=False)
+    write_profile(prof, a.out)
+    console.print(f"profile written to {a.out}")
+    return 0
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--network-kind", choices=("ib", "efa"), default="ib",
+                   help="the network's kind for the built-in calibration: ib (InfiniBand/RoCE, default) or efa (AWS EFA)")
+
+
+def add_calibrate(sub) -> None:
+    """``flowride calibrate`` and ``flowride predict``."""
+    c = sub.add_parser("calibrate", help="fit the cost model to your cluster's nccl-tests logs and write a profile")
+    c.add_argument("--nccl-tests", nargs="+", required=True, metavar="LOG",
+                   help="nccl-tests (or rccl-tests) output files, as printed: several collectives and runs each")
+    c.add_argument("--collective", "-c", choices=COLLECTIVES, help="the collective of logs that do not name it "
+                   "(no command line in the text)")
+    topology_args(c)
+    _model_args(c)
+    c.add_argument("--out", "-o", type=out_file, required=True, help="write the profile (JSON) here; --calibration reads it")
+    c.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("predict", help="what nccl-tests would print on a cluster: NCCL's time, algorithm and protocol, modelled")
+    topology_args(p)
+    p.add_argument("--collective", "-c", required=True, choices=COLLECTIVES)
+    sweep_args(p, "predict")
+    _model_args(p)
+    p.add_argument("--calibration", help="default (fitted to published runs), nccl (NCCL's own model, uncorrected), ib, efa, "
+                   "or a profile written by `flowride calibrate`")
+    p.add_argument("--algorithm", choices=("ring", "tree", "nvls", "nvls_tree", "pat"),
+                   help="force NCCL's algorithm, as NCCL_ALGO does (default: NCCL's choice by its model)")
+    p.set_defaults(func=cmd_predict)
