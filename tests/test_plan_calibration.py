@@ -72,9 +72,20 @@ def test_the_ops_sum_to_the_layer_count(over):
     assert ("scores" in {o.name for o in ops}) == (not m.flash_attention)
 
 
+def test_a_job_without_mfu_or_efficiency_takes_its_gpus_built_in_description():
+    """The best model flowride has, by default: the built-in description where the node type has
+    one (issue #49); a node type without one is priced at the flat default."""
+    job = job_from_dict(_job())
+    assert job.efficiency == BUILTIN["dgx-a100"]
+    rep = plan_job(job, Pricer(cache=None, synth=False)).report()
+    assert rep["efficiency"]["model"] != "flat"
+    b200 = job_from_dict(_job(hardware={"node": "hgx-b200"}))
+    assert b200.efficiency is None and b200.mfu == 0.4
+
+
 def test_the_flat_mfu_path_is_unchanged():
-    """With mfu (or neither mfu nor efficiency): one rate, I = W = F, the old count."""
-    for hw, mfu in (({"mfu": 0.5}, 0.5), ({}, 0.4)):
+    """With mfu: one rate, I = W = F, the old count."""
+    for hw, mfu in (({"mfu": 0.5}, 0.5), ({"mfu": 0.4}, 0.4)):
         job = job_from_dict(_job(hardware=hw))
         assert job.efficiency is None
         rate = 312e12 * mfu

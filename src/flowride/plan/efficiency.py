@@ -11,10 +11,10 @@ saturate: ``e(x) = e_max * x / (x + x_half)``, rising with the operation's size,
 ``x_half`` GFLOPs and bounded by ``e_max`` (the shape of Calculon's efficiency tables, Isaev et
 al., SC'23, which step on the same axis: an operation's GFLOPs).
 
-A job opts in with ``hardware.efficiency``: ``"builtin"`` (the GPU type's description below) or
-the parameters (over the built-in, or all of them for a GPU type with none). A job without it, or
-with ``hardware.mfu``, is priced as before: one flat share of peak for every operation (``mfu``,
-default 0.4). Every report states the description it used.
+A job gets the GPU type's description below unless it says otherwise: ``hardware.efficiency``
+gives parameters over it (or all of them for a GPU type with none), ``hardware.mfu`` asks for one
+flat share of peak for every operation. A GPU type without a description is priced flat at 0.4
+unless the job gives one. Every report states the description it used.
 
 ``--calibrate`` (:func:`flowride.plan.costs.calibrate`) fits ``gemm_max`` and ``gemm_half_gflop``
 (and the attention pair, and ``hbm_share``, where measured) by least squares on log time to
@@ -116,12 +116,15 @@ FIELDS = ("gemm_max", "gemm_half_gflop", "attention_max", "attention_half_gflop"
 
 
 def resolve(node: str, given: Efficiency | str | None, mfu: float | None) -> Curve | None:
-    """The description a job's hardware asks for: None (one flat share of peak) unless
-    ``hardware.efficiency`` is given; "builtin" is the GPU type's built-in, parameters go over it
-    (or stand alone, all of them, for a GPU type with none). A ValueError names what is missing."""
-    if mfu is not None or given is None:
+    """The description a job's hardware asks for: None (one flat share of peak) when it gives
+    ``hardware.mfu``, or gives neither and its GPU type has no built-in description; the GPU type's
+    built-in when it gives neither (the best model flowride has), or "builtin"; parameters go over
+    it (or stand alone, all of them, for a GPU type with none). A ValueError names what is missing."""
+    if mfu is not None:
         return None
     base = BUILTIN.get(node)
+    if given is None:  # the best model flowride has: the GPU type's description where it has one, else flat
+        return base
     if isinstance(given, str):
         given = Efficiency()
     fields = {k: getattr(given, k) for k in FIELDS if getattr(given, k) is not None}

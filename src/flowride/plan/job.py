@@ -171,7 +171,8 @@ class Job(Strict):
 
     @property
     def mfu(self) -> float:
-        """The flat share of peak (when :attr:`efficiency` is None): as given, else the default 0.4."""
+        """The flat share of peak (when :attr:`efficiency` is None: ``hardware.mfu``, or a GPU type
+        without a built-in description): as given, else the default 0.4."""
         return self.hardware.mfu if self.hardware.mfu is not None else DEFAULT_MFU
 
     @property
