@@ -1,12 +1,13 @@
-"""Maintenance: turn the published nccl-tests curves in ../shared/reference/nccl_measured/curves.json
-into the project's own data file, src/flowride/runtime/data/nccl_measured.json.
+"""Maintenance: turn a collection of published nccl-tests curves (a JSON list of curves, each with
+its system, settings, source and points) into the project's own data file,
+src/flowride/runtime/data/nccl_measured.json.
 
 Only figures and their sources carry over (sizes, times, the settings each run used, where it was
 published); to each curve this adds what flowride needs to price the same machine: its node type,
 NIC count and rate, whether NCCL's algorithm was forced, and whether times are derived from a
-busbw-only table. Run it again when the shared set grows:
+busbw-only table. Run it again when the collection grows:
 
-    python benchmarks/nccl_measured_import.py [SRC] [DST]
+    python benchmarks/nccl_measured_import.py SRC [DST]
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT.parent / "shared" / "reference" / "nccl_measured" / "curves.json"
 DST = ROOT / "src" / "flowride" / "runtime" / "data" / "nccl_measured.json"
 
 COLLECTIVE = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter", "alltoall": "alltoall"}
@@ -93,7 +93,7 @@ def convert(curve: dict) -> dict:
     }
 
 
-def main(src: Path = SRC, dst: Path = DST) -> None:
+def main(src: Path, dst: Path = DST) -> None:
     curves = json.loads(src.read_text())
     doc = {"about": ("Published nccl-tests / rccl-tests runs (out-of-place time, us, per nccl-tests size). "
                      "Figures copied from their sources (each curve's 'source'); 'derived' times come from a "
@@ -105,4 +105,6 @@ def main(src: Path = SRC, dst: Path = DST) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit("usage: python benchmarks/nccl_measured_import.py SRC [DST]  (SRC: the curves' JSON)")
     main(*(Path(a) for a in sys.argv[1:3]))

@@ -70,10 +70,11 @@ class Bounds:
     forest_s: float = 0.0  # ForestColl's max-flow bound over every cut (AllGather-like collectives)
     flow_s: float = 0.0  # the maximum concurrent flow's time (AlltoAll)
     cut_latency_s: float = 0.0  # bandwidth and latency together, over each GPU and each chassis (:func:`cut_latency_bound`)
+    reduction_s: float = 0.0  # AllReduce where only GPUs reduce: 2(n-1) sends per element (:func:`reduction_bound_s`)
 
     def kinds(self) -> dict[str, float]:
         return {"ingress": self.ingress_s, "cut": self.cut_s, "latency": self.latency_s, "forest": self.forest_s,
-                "flow": self.flow_s, "cut+latency": self.cut_latency_s}
+                "flow": self.flow_s, "cut+latency": self.cut_latency_s, "reduction": self.reduction_s}
 
     @property
     def best_s(self) -> float:
@@ -83,6 +84,35 @@ class Bounds:
     def binding(self) -> str:
         k = self.kinds()
         return max(k, key=k.__getitem__)
+
+
+def reduction_bound_s(topo: Topology, size_bytes: float) -> float:
+    """AllReduce of ``size_bytes`` per GPU. Whoever reduces, every element of a GPU's buffer must
+    leave it once (the others' sums need it) and reach it once (its sum needs theirs): the GPU's
+    egress and ingress each carry ``size_bytes``. Where only GPUs reduce (no switch copies, so none
+    reduces in the reversed schedule), each element's sum is first whole at some GPU, which takes
+    n - 1 sends into it (partial sums along a tree), and every other GPU then needs one send made
+    after that, n - 1 more: the GPUs send and receive 2(n-1) x ``size_bytes`` in all, however the
+    work is spread (Patarasuk and Yuan's 2(n-1)/n per GPU where every GPU has the same links),
+    bounded over the GPUs' egress and their ingress added up."""
+    nodes = topo.nodes
+    n = topo.buffer_ranks
+    if n < 2:
+        return 0.0
+    gpus = list(topo.gpus)
+    out = {g: 0.0 for g in gpus}
+    into = {g: 0.0 for g in gpus}
+    for lk in topo.links:
+        if lk.src in out:
+            out[lk.src] += lk.bytes_per_s
+        if lk.dst in into:
+            into[lk.dst] += lk.bytes_per_s
+    if min(out.values()) <= 0 or min(into.values()) <= 0:
+        return 0.0
+    t = size_bytes / min(min(out.values()), min(into.values()))
+    if n == len(gpus) and not any(nodes[w].copy for w in topo.switches):  # (TE-CCL's compat NDv2 keeps a GPU as a switch)
+        t = max(t, 2 * (n - 1) * size_bytes / min(sum(out.values()), sum(into.values())))
+    return t
 
 
 def entering(demand: Demand, inside: frozenset[int]) -> int:
@@ -107,7 +137,8 @@ def lower_bounds(topo: Topology, demand: Demand, time_limit: float | None = None
         rs = lower_bounds(topo, make_demand(topo, Collective.REDUCESCATTER, demand.size_bytes, demand.chunks), timing=timing)
         ag = lower_bounds(topo, make_demand(topo, Collective.ALLGATHER, demand.size_bytes, demand.chunks), timing=timing)
         return Bounds(max(rs.ingress_s, ag.ingress_s), max(rs.cut_s, ag.cut_s), max(rs.latency_s, ag.latency_s),
-                      max(rs.forest_s, ag.forest_s), 0.0, max(rs.cut_latency_s, ag.cut_latency_s))
+                      max(rs.forest_s, ag.forest_s), 0.0, max(rs.cut_latency_s, ag.cut_latency_s),
+                      reduction_bound_s(topo, demand.size_bytes))
     if demand.collective is Collective.REDUCESCATTER:
         b = _reduce_scatter_bounds(topo, demand)
         if timing is not None:
