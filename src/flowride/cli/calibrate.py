@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from flowride.argtypes import out_file
+from flowride.argtypes import number, out_file
 from flowride.cli.common import as_options, console, err, topology_args
 from flowride.cli.sweep import SweepTable, _f, _time, sweep_args, sweep_of, sweep_option
 from flowride.errors import InputError
@@ -49,20 +49,41 @@ def cmd_predict(a: argparse.Namespace) -> int:
     errs = [chosen.error_at(r.bytes) for r in rows]
     out = [{"bytes": r.bytes, "time_us": r.time_us, "algbw_GBps": r.algbw_GBps, "busbw_GBps": r.busbw_GBps,
             "algorithm": r.algorithm, "protocol": r.protocol, "model_error": e, "modelled": True} for r, e in zip(rows, errs, strict=True)]
+    if a.synth:
+        _add_synth(a, topo, m, chosen, out)
     if a.json:
         print(json.dumps(out))
         return 0
+    cols = [("", "size", "(B)"), ("modelled", "time", "(us)"), ("modelled", "algbw", "(GB/s)"), ("modelled", "busbw", "(GB/s)"),
+            ("NCCL", "algorithm", ""), ("NCCL", "protocol", ""), ("model", "error", "")]
+    if a.synth:
+        cols += [("flowride", "time", "(us)"), ("flowride", "protocol", ""), ("flowride", "speedup", "")]
     t = SweepTable(f"{a.collective} on {topo.name} ({m.ranks} GPUs): modelled (NCCL's cost model, {chosen.name}); "
-                   "model error: median |predicted/measured - 1| of the fit near that size",
-                   [("", "size", "(B)"), ("modelled", "time", "(us)"), ("modelled", "algbw", "(GB/s)"), ("modelled", "busbw", "(GB/s)"),
-                    ("NCCL", "algorithm", ""), ("NCCL", "protocol", ""), ("model", "error", "")], left=frozenset({"algorithm", "protocol"}))
+                   "model error: median |predicted/measured - 1| of the fit near that size"
+                   + ("; flowride: its schedule priced by the same model as the runtime would run it" if a.synth else ""),
+                   cols, left=frozenset({"algorithm", "protocol"}))
     for r in out:
-        t.add_row(str(r["bytes"]), _time(r["time_us"]), _f(r["algbw_GBps"], ".2f"), _f(r["busbw_GBps"], ".2f"), r["algorithm"],
-                  r["protocol"], "-" if r["model_error"] is None else f"{100 * r['model_error']:.0f}%")
+        cells = [str(r["bytes"]), _time(r["time_us"]), _f(r["algbw_GBps"], ".2f"), _f(r["busbw_GBps"], ".2f"), r["algorithm"],
+                 r["protocol"], "-" if r["model_error"] is None else f"{100 * r['model_error']:.0f}%"]
+        if a.synth:
+            cells += [_time(r["flowride_us"]), r["flowride_protocol"], f"{r['speedup_vs_nccl']:.2f}"]
+        t.add_row(*cells)
     t.print()
     if chosen.borrowed:
         console.print(f"note: {node} has no measured curve; the figures of {chosen.borrowed} stand in", soft_wrap=True)
     return 0
+
+
+def _add_synth(a: argparse.Namespace, topo, m, chosen, out: list[dict]) -> None:
+    """flowride's schedule at each size, priced by the same calibrated model (api/priced.py)."""
+    from flowride.api.priced import priced_schedule
+
+    with err.status("[bold]predict[/bold] --synth") as st, as_options(time_limit="--time-limit"):
+        for i, r in enumerate(out):
+            st.update(f"[predict --synth] size {i + 1}/{len(out)}: {r['bytes']} B (synthesizing, then pricing)")
+            p = priced_schedule(topo, a.collective, r["bytes"], chosen.calibration, m.arch, a.time_limit)
+            r.update({"flowride_us": p.time_us, "flowride_protocol": p.protocol, "flowride_epoch_model_us": p.epoch_model_us,
+                      "speedup_vs_nccl": r["time_us"] / p.time_us})
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
@@ -127,4 +148,8 @@ def add_calibrate(sub) -> None:
                    "or a profile written by `flowride calibrate`")
     p.add_argument("--algorithm", choices=("ring", "tree", "nvls", "nvls_tree", "pat"),
                    help="force NCCL's algorithm, as NCCL_ALGO does (default: NCCL's choice by its model)")
+    p.add_argument("--synth", action="store_true", help="also synthesize flowride's schedule at each size and price it by the "
+                   "same calibrated model as the runtime would run it, with its speedup over the NCCL prediction")
+    p.add_argument("--time-limit", type=number(0.1, 86400, what="seconds"), default=20.0,
+                   help="--synth: seconds of synthesis per size (default 20)")
     p.set_defaults(func=cmd_predict)
