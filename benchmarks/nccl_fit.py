@@ -19,7 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from flowride.collectives.demand import Collective
+from flowride.runtime.defaults import fields_for
 from flowride.runtime.fit import (
     INTRA_FIELDS,
     NET_FIELDS,
@@ -27,11 +27,11 @@ from flowride.runtime.fit import (
     Observed,
     fit,
     judge,
+    observed,
     summary,
 )
 from flowride.runtime.measured import Curve, load_curves
-from flowride.runtime.nccl_tuning import IDENTITY, Launch
-from flowride.runtime.predict import machine_for
+from flowride.runtime.nccl_tuning import IDENTITY
 from flowride.topology.fabrics import NODE_TYPES
 
 DST = Path(__file__).resolve().parents[1] / "src" / "flowride" / "runtime" / "data" / "calibrations.json"
@@ -43,13 +43,7 @@ def network_of(c: Curve) -> str:
 
 
 def points(curves: list[Curve]) -> list[Observed]:
-    out = []
-    for c in curves:
-        m = machine_for(c.node_type, c.nodes, c.nics, c.nic_Gbps)
-        launch = Launch(c.gpus_per_thread, c.cuda_graph)
-        out += [Observed(c.id, m, Collective.parse(c.collective), p.bytes, p.time_us, c.forced_algorithm, launch, p.nccl_algorithm)
-                for p in c.usable()]
-    return out
+    return observed(curves)
 
 
 def fit_all(curves: tuple[Curve, ...]) -> dict:
@@ -73,27 +67,23 @@ def fit_all(curves: tuple[Curve, ...]) -> dict:
 
 
 def calibration_for(tab: dict, c: Curve, one_node_only: bool = False):
-    node = c.node_type
-    fields = dict(tab["intra"][node]["fields"])
-    if c.nodes > 1:
-        if one_node_only:
-            fields.update(PRIOR_NET)
-        else:
-            fields.update(tab["net"].get(f"{node}+{network_of(c)}", tab["net"][f"{tab['net_fallback'][node]}+{network_of(c)}"])["fields"])
-    return replace(IDENTITY, **fields)
+    if one_node_only and c.nodes > 1:
+        return replace(IDENTITY, **tab["intra"][c.node_type]["fields"], **PRIOR_NET)
+    return replace(IDENTITY, **fields_for(tab, c.node_type, c.nodes, network_of(c))[0])
 
 
 def _f(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def table(tab: dict, curves: tuple[Curve, ...], one_node_only: bool = False) -> tuple[list[str], list]:
+def table(tab: dict | None, curves: tuple[Curve, ...], one_node_only: bool = False) -> tuple[list[str], list]:
+    """Per curve, the calibration of ``tab`` against it (None: NCCL's own model, uncorrected)."""
     rows = ["| curve | points | median err >= 1 MiB | median err < 1 MiB | worst ratio (at) |", "|---|---:|---:|---:|---|"]
     every = []
     for c in curves:
         if one_node_only and c.nodes == 1:
             continue
-        j = judge(calibration_for(tab, c, one_node_only), points([c]))
+        j = judge(IDENTITY if tab is None else calibration_for(tab, c, one_node_only), points([c]))
         every += j
         s = summary(j)
         rows.append(f"| {c.id} | {s['points']} | {_f(s['median_err_ge_1MiB'])} | {_f(s['median_err_lt_1MiB'])} | "
@@ -114,9 +104,7 @@ def main(argv: list[str]) -> None:
     print("\nTwo-node curves predicted from the one-node fit alone (network fields at their priors)\n")
     print("\n".join(table(tab, curves, one_node_only=True)[0]))
     print("\nNCCL's own model, uncorrected, on the same points\n")
-    ident = {"intra": {n: {"fields": {}} for n in tab["intra"]}, "net": {k: {"fields": {}} for k in tab["net"]},
-             "net_fallback": tab["net_fallback"]}
-    print("\n".join(table(ident, curves)[0]))
+    print("\n".join(table(None, curves)[0]))
     every = table(tab, curves)[1]
     known = [(j, p) for j, p in zip(every, points(list(curves)), strict=True) if p.known]
     print(f"\nNCCL's stated choice reproduced at {sum(j.algorithm == p.known for j, p in known)} of {len(known)} points")

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from flowride.collectives.demand import Collective
 from flowride.errors import InputError
 from flowride.runtime.defaults import builtin, resolve
-from flowride.runtime.fit import Observed, judge
+from flowride.runtime.fit import INTRA_FIELDS, judge, observed
 from flowride.runtime.measured import Curve, load_curves
-from flowride.runtime.nccl_tuning import IDENTITY, Calibration, Launch
+from flowride.runtime.nccl_tuning import IDENTITY, Calibration
 from flowride.runtime.predict import busbw_factor, choose, lower_bound_us, machine_for, predict
 from flowride.runtime.profile import calibration_from_dict
 
@@ -23,12 +23,6 @@ MIB = 1 << 20
 # p5 nodes as aws_p5_2node_allreduce under an older NCCL (2.18.5) and EFA plugin, 25-45% slower at
 # 64 MiB-2 GiB (the curve's own notes say so). `flowride calibrate` on its log fits it (see below).
 OTHER_STACK = {"aws_p5_2node_allreduce_eks_nccl2185"}
-
-
-def observed(c: Curve) -> list[Observed]:
-    m = machine_for(c.node_type, c.nodes, c.nics, c.nic_Gbps)
-    return [Observed(c.id, m, Collective.parse(c.collective), p.bytes, p.time_us, c.forced_algorithm,
-                     Launch(c.gpus_per_thread, c.cuda_graph), p.nccl_algorithm) for p in c.usable()]
 
 
 def network(c: Curve) -> str:
@@ -40,7 +34,7 @@ def median_error(judged: list) -> float:
 
 
 def judged_all(curves, cal_of) -> list:
-    return [j for c in curves for j in judge(cal_of(c), observed(c))]
+    return [j for c in curves for j in judge(cal_of(c), observed([c]))]
 
 
 def test_the_project_carries_every_curve_with_its_source():
@@ -79,8 +73,7 @@ def test_two_nodes_predicted_from_the_one_node_fit_alone_stay_within_25_percent(
 
     two = [c for c in load_curves() if c.nodes == 2]
     judged = judged_all(two, lambda c: replace(IDENTITY, **{k: getattr(builtin(c.node_type, 1).calibration, k)
-                                                           for k in ("floor_us", "lat_intra", "bw_intra", "nvls_eff", "ramp_MiB",
-                                                                     "launch_us", "lat_nvls")}, bw_net=0.94))
+                                                           for k in INTRA_FIELDS}, bw_net=0.94))
     assert statistics.median(abs(j.ratio - 1) for j in judged if j.bytes >= MIB) <= 0.25
 
 

@@ -48,40 +48,44 @@ def _table() -> dict:
     return json.loads(DATA.read_text())
 
 
-def builtin(node: str, nodes: int, network: str = "ib") -> Chosen:
-    """The fitted calibration for ``nodes`` nodes of ``node`` on ``network``."""
-    if network not in NETWORKS:
-        raise InputError("--network-kind", f"unknown network kind {network!r}", f"one of {', '.join(NETWORKS)}")
-    tab = _table()
+def fields_for(tab: dict, node: str, nodes: int, network: str) -> tuple[dict, list[str], str] | None:
+    """From a table of fits (``data/calibrations.json``'s shape): the calibration's fields for
+    ``nodes`` x ``node`` on ``network``, the curves behind them and the node type they belong to
+    (``node``, or the one it borrows); None for a node type with none."""
     own = node if node in tab["intra"] else BORROW.get(node)
     if own is None:
-        return Chosen(IDENTITY, "NCCL's own model (no curve measured this node type)", ())
-    intra = tab["intra"][own]
-    values = dict(intra["fields"])
-    fitted_on = list(intra["fitted_on"])
-    name = f"fitted: {own}"
+        return None
+    values = dict(tab["intra"][own]["fields"])
+    fitted_on = list(tab["intra"][own]["fitted_on"])
     if nodes > 1:
         net = tab["net"].get(f"{own}+{network}") or tab["net"][f"{tab['net_fallback'][own]}+{network}"]
         values.update(net["fields"])
         fitted_on += net["fitted_on"]
-        name += f" + {network}"
+    return values, fitted_on, own
+
+
+@cache
+def builtin(node: str, nodes: int, network: str = "ib") -> Chosen:
+    """The fitted calibration for ``nodes`` nodes of ``node`` on ``network``."""
+    if network not in NETWORKS:
+        raise InputError("--network-kind", f"unknown network kind {network!r}", f"one of {', '.join(NETWORKS)}")
+    found = fields_for(_table(), node, nodes, network)
+    if found is None:
+        return Chosen(IDENTITY, "NCCL's own model (no curve measured this node type)", ())
+    values, fitted_on, own = found
     cal = calibration_from_dict(values)
+    name = f"fitted: {own}" + (f" + {network}" if nodes > 1 else "")
     return Chosen(cal, name, tuple(fitted_on), None if own == node else own, _errors(cal, fitted_on, nodes))
 
 
 def _errors(cal: Calibration, curve_ids: list[str], nodes: int) -> tuple[tuple[int, float], ...]:
     """How ``cal`` does on the curves it was fitted on that have ``nodes`` nodes (or, if none, all of them)."""
-    from flowride.collectives.demand import Collective
-    from flowride.runtime.fit import Observed, judge
+    from flowride.runtime.fit import judge, observed
     from flowride.runtime.measured import curve
-    from flowride.runtime.nccl_tuning import Launch
-    from flowride.runtime.predict import machine_for
 
     cs = [curve(i) for i in curve_ids]
     cs = [c for c in cs if c.nodes == nodes] or cs
-    obs = [Observed(c.id, machine_for(c.node_type, c.nodes, c.nics, c.nic_Gbps), Collective.parse(c.collective), p.bytes,
-                    p.time_us, c.forced_algorithm, Launch(c.gpus_per_thread, c.cuda_graph)) for c in cs for p in c.usable()]
-    return tuple((j.bytes, abs(j.ratio - 1)) for j in judge(cal, obs))
+    return tuple((j.bytes, abs(j.ratio - 1)) for j in judge(cal, observed(cs)))
 
 
 def resolve(spec: str | None, node: str, nodes: int, network: str = "ib") -> Chosen:

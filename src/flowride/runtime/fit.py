@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from flowride.collectives.demand import Collective
 from flowride.errors import InputError
+from flowride.runtime.measured import Curve
 from flowride.runtime.nccl_tuning import IDENTITY, ONE_PER_THREAD, Calibration, Launch, Machine
-from flowride.runtime.predict import choose
+from flowride.runtime.predict import choose, machine_for
 
 # each field's range: wide enough for any machine seen, narrow enough to stay physical
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -26,7 +27,6 @@ BOUNDS: dict[str, tuple[float, float]] = {
     # at most the datasheet: NCCL counts 20-20.6 GB/s of a 25 GB/s NVLink (x 1.2 reaches 24-24.7), a NIC at line rate
     "bw_intra": (0.2, 1.2), "bw_net": (0.2, 1.0), "nvls_eff": (0.2, 1.0), "ramp_MiB": (0.0, 64.0), "launch_us": (0.0, 20.0),
     "lat_nvls": (0.1, 8.0), "ramp_net_MiB": (0.0, 256.0), "tree_net": (0.5, 2.0)}
-FIELDS = tuple(f.name for f in fields(Calibration))
 # what happens inside a node (fitted on one-node runs), most telling first
 INTRA_FIELDS = ("floor_us", "bw_intra", "ramp_MiB", "lat_intra", "launch_us", "nvls_eff", "lat_nvls")
 NVLS_FIELDS = ("nvls_eff", "lat_nvls")
@@ -61,6 +61,17 @@ class Judged:
     @property
     def ratio(self) -> float:
         return self.predicted_us / self.measured_us
+
+
+def observed(curves: list[Curve]) -> list[Observed]:
+    """The usable points of published curves (:meth:`Curve.usable`) as observations on their machines."""
+    out = []
+    for c in curves:
+        m = machine_for(c.node_type, c.nodes, c.nics, c.nic_Gbps)
+        launch = Launch(c.gpus_per_thread, c.cuda_graph)
+        out += [Observed(c.id, m, Collective.parse(c.collective), p.bytes, p.time_us, c.forced_algorithm, launch, p.nccl_algorithm)
+                for p in c.usable()]
+    return out
 
 
 def judge(cal: Calibration, points: list[Observed]) -> list[Judged]:
