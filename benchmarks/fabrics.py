@@ -1,8 +1,10 @@
 """Synthesis on the clusters people run, against the bound and NCCL's own algorithms (issue: fabrics).
 
-Every figure is a modelled time: the epoch simulator's replay of a verified schedule (ours, and
-NCCL's algorithms built as schedules on the same topology and epochs), never a wall-clock
-measurement, so the machine's load changes only how far a search gets within its time limit. The
+Every figure is a modelled time, never a wall-clock measurement. The headline: NCCL's time as
+the calibrated model predicts it (NCCL's cost model fitted to published nccl-tests runs, with its
+median error near that size) and our schedule priced by the same model as the runtime would run
+it; then, as detail, the epoch simulator's replay of a verified schedule (ours, and NCCL's
+algorithms built as schedules on the same topology and epochs). Both are modelled, so the machine's load changes only how far a search gets within its time limit. The
 synthesis runs with the default options (``--chunks auto``) and the time limit given.
 
     .venv/bin/python benchmarks/fabrics.py                      # the target table (1 GB, 1 MB, AlltoAll)
@@ -59,23 +61,36 @@ def run(name: str, topo, coll: str, size: str, limit: float) -> dict:
     wall = time.perf_counter() - t0
     r = out.report()
     n = r["nccl"]
+    pred = r["nccl_predicted"] or {}
     return {"instance": name, "gpus": r["gpus"], "collective": coll, "size": size, "ours_us": r["finish_time_us"],
             "nccl_us": n["best_us"] if n else None, "nccl_best": n["best"] if n else None,
             "nccl_how": n["how"][n["best"]] if n else None, "bound_us": r["lower_bound_us"], "bound_kind": r["lower_bound_kind"],
-            "ratio": r["ratio_to_lower_bound"], "speedup_vs_nccl": r["speedup_vs_nccl"], "chunks": r["chunks"],
+            "ratio": r["ratio_to_lower_bound"], "speedup_vs_nccl_epoch_model": r["speedup_vs_nccl_epoch_model"],
+            # the headline: NCCL's calibrated prediction and ours priced as the runtime runs it (api/priced.py)
+            "nccl_predicted_us": pred.get("time_us"), "nccl_predicted": f"{pred.get('algorithm')}/{pred.get('protocol')}" if pred else None,
+            "calibration": pred.get("calibration"), "model_error": pred.get("model_error"), "runtime_us": r["runtime_us"],
+            "speedup_vs_nccl": r["speedup_vs_nccl"], "chunks": r["chunks"],
             "method": r["method"], "wall_s": wall, "time_limit_s": limit,
             "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| instance | GPUs | collective | size | ours (us) | NCCL best (us) | NCCL algorithm | bound (us) | bound kind | "
-            "ours / bound | NCCL / ours | chunks | method | wall (s) / limit |")
-    lines = [head, "|---" * 14 + "|"]
+    """Headline first (NCCL's calibrated prediction, ours as the runtime runs it, both modelled by
+    one model, with its error near that size), then the epoch model's figures as detail."""
+    head = ("| instance | GPUs | collective | size | NCCL predicted (us) | NCCL's pick | model error | ours, runtime (us) | "
+            "speedup | ours, epoch (us) | NCCL best, epoch (us) | epoch speedup | bound (us) | ours / bound | chunks | method | "
+            "wall (s) / limit |")
+    lines = [head, "|---" * 17 + "|"]
     for r in rows:
-        lines.append(f"| {r['instance']} | {r['gpus']} | {r['collective']} | {r['size']} | {r['ours_us']:.2f} | "
-                     f"{r['nccl_us']:.2f} | {r['nccl_best']} ({r['nccl_how']}) | {r['bound_us']:.2f} | {r['bound_kind']} | "
-                     f"{r['ratio']:.3f} | {r['speedup_vs_nccl']:.2f} | {r['chunks']} | {r['method']} | "
-                     f"{r['wall_s']:.0f} / {r['time_limit_s']:.0f} |")
+        err = "unknown" if r["model_error"] is None else f"{100 * r['model_error']:.0f}%"
+        sp = "-" if r["speedup_vs_nccl"] is None else f"{r['speedup_vs_nccl']:.2f}"
+        rt = "-" if r["runtime_us"] is None else f"{r['runtime_us']:.2f}"
+        pred = "-" if r["nccl_predicted_us"] is None else f"{r['nccl_predicted_us']:.2f}"
+        ep = "-" if r["nccl_us"] is None else f"{r['nccl_us']:.2f} ({r['nccl_best']})"
+        esp = "-" if r["speedup_vs_nccl_epoch_model"] is None else f"{r['speedup_vs_nccl_epoch_model']:.2f}"
+        lines.append(f"| {r['instance']} | {r['gpus']} | {r['collective']} | {r['size']} | {pred} | {r['nccl_predicted'] or '-'} | "
+                     f"{err} | {rt} | {sp} | {r['ours_us']:.2f} | {ep} | {esp} | {r['bound_us']:.2f} | {r['ratio']:.3f} | "
+                     f"{r['chunks']} | {r['method']} | {r['wall_s']:.0f} / {r['time_limit_s']:.0f} |")
     return "\n".join(lines)
 
 

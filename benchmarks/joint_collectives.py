@@ -13,8 +13,11 @@ Columns: the joint schedule's last finish (verified by the simulator, every coll
 share of the links, or whole links when they never meet), its ratio to the joint lower bound,
 flowride's schedules made alone and NCCL's modelled algorithms run together in the fluid model
 (flowride.concurrent.contention), with flows spread over interchangeable spines ("spread", the
-kindest case for them) and kept on the links they chose alone ("as routed"). All figures are
-epoch-model times on this CPU machine; no GPU or network was used.
+kindest case for them) and kept on the links they chose alone ("as routed"). The first columns
+restate the joint run on the calibrated model (docs/calibration.md): each collective alone by that
+model (NCCL's prediction, flowride's schedule priced as the runtime runs it) stretched by the
+contention the epoch model found. All figures are modelled on this CPU machine; no GPU or network
+was used.
 
     .venv/bin/python benchmarks/joint_collectives.py                  # every row, 60 s each
     .venv/bin/python benchmarks/joint_collectives.py --only clos4-k8 --time-limit 120
@@ -76,8 +79,8 @@ def main() -> None:
     from rich.table import Table
 
     t = Table(title=f"concurrent collectives, --time-limit {a.time_limit:g} s per row (CPU, epoch model)")
-    for col in ("row", "joint us", "how", "x bound", "indep. us", "NCCL us", "vs indep.", "vs NCCL", "vs indep. routed",
-                "vs NCCL routed", "wall s", "peak GB"):
+    for col in ("row", "NCCL cal. us", "joint cal. us", "vs NCCL cal.", "model error", "joint us", "how", "x bound", "indep. us",
+                "NCCL us", "vs indep.", "vs NCCL", "vs indep. routed", "vs NCCL routed", "wall s", "peak GB"):
         t.add_column(col, justify="left" if col in ("row", "how") else "right")
     out = []
     for name in a.only.split(","):
@@ -86,9 +89,11 @@ def main() -> None:
             raise SystemExit(f"{name}: {p.stderr[-2000:]}")
         r = json.loads(p.stdout.strip().splitlines()[-1])
         out.append(r)
-        j = r["joint"]
-        t.add_row(name, f"{j['last_finish_us']:.0f}", j["how"], f"{r['ratio_to_joint_bound']:.3f}", f"{r['independent_together_us']:.0f}",
-                  f"{r['nccl_together_us']:.0f}", f"{r['speedup_vs_independent']:.2f}", f"{r['speedup_vs_nccl']:.2f}",
+        j, c = r["joint"], r.get("calibrated") or {}
+        err = "-" if c.get("model_error") is None else f"{100 * c['model_error']:.0f}%"
+        t.add_row(name, f"{c.get('nccl_together_us', 0):.0f}", f"{c.get('joint_us', 0):.0f}", f"{c.get('speedup_vs_nccl', 0):.2f}", err,
+                  f"{j['last_finish_us']:.0f}", j["how"], f"{r['ratio_to_joint_bound']:.3f}", f"{r['independent_together_us']:.0f}",
+                  f"{r['nccl_together_us']:.0f}", f"{r['speedup_vs_independent']:.2f}", f"{r['speedup_vs_nccl_epoch_model']:.2f}",
                   f"{r['speedup_vs_independent_as_routed']:.2f}", f"{r['speedup_vs_nccl_as_routed']:.2f}", f"{r['bench_wall_s']:.0f}",
                   f"{r['peak_rss_gb']:.2f}")
         print(f"{name}: done", file=sys.stderr, flush=True)

@@ -149,9 +149,15 @@ def test_reports_compare_with_nccl():
     out = synthesize(fabric(FabricSpec("dgx-h100", 2)), "allgather", 64 * 10**6, "fast", 8, None, method="trees")  # untimed: NCCL's ring is always simulated
     r = out.report()
     assert r["nccl"]["best"] == "ring" and r["nccl"]["how"]["ring"] == "simulated"
-    assert r["speedup_vs_nccl"] == pytest.approx(r["nccl"]["best_us"] / r["finish_time_us"])
+    assert r["speedup_vs_nccl_epoch_model"] == pytest.approx(r["nccl"]["best_us"] / r["finish_time_us"])
+    # the headline: NCCL's calibrated prediction over this schedule priced as the runtime runs it
+    pred = r["nccl_predicted"]
+    assert pred["calibration"] == "fitted: dgx-h100 + ib" and pred["algorithm"] in ("ring", "nvls", "pat")
+    assert r["speedup_vs_nccl"] == pytest.approx(pred["time_us"] / r["runtime_us"])
+    assert r["runtime_us"] > r["finish_time_us"]  # the runtime sustains less than the line rate and pays per step
     assert r["nccl"]["tuning"]["best"] == "ring" and r["nccl"]["channels"]["ring"] == 8
-    assert synthesize(ring(4), "allgather", 10**6, nccl=False).report()["nccl"] is None
+    off = synthesize(ring(4), "allgather", 10**6, nccl=False).report()
+    assert off["nccl"] is None and off["nccl_predicted"] is None and off["speedup_vs_nccl"] is None
 
 
 def test_a_modelled_algorithm_ends_with_its_own_last_send():
@@ -167,3 +173,17 @@ def test_a_modelled_algorithm_ends_with_its_own_last_send():
     timing = ring.schedule.timing
     last = max(timing.arrival(s.link, s.epoch) for s in ring.schedule.sends)
     assert ring.time_us == pytest.approx(max(last * timing.tau * 1e6, ring.time_us))
+
+
+def test_a_modelled_algorithm_the_simulator_rejects_falls_back_to_the_estimate_with_a_note():
+    """PAT's schedule of a 1 GB AllGather on a DP group of a 2:1 Clos (one GPU of each of 16 nodes)
+    is rejected by the simulator; the report keeps NCCL's estimate for PAT and says why instead of
+    failing (before, `flowride synth` ended in a traceback there)."""
+    from flowride.topology.fabrics import build_fabric
+    from flowride.topology.group import group_topology
+
+    g = group_topology(build_fabric("dgx-h100", 16, "clos", oversubscription=2.0), [8 * i for i in range(16)])
+    model = model_nccl(g, "allgather", 10**9)
+    assert model.algorithms["pat"].how == "tuning model" and model.algorithms["ring"].how == "simulated"
+    assert len(model.notes) == 1 and model.notes[0].startswith("pat: its schedule was left out")
+    assert model.report()["notes"] == model.notes

@@ -1,19 +1,25 @@
-"""``flowride export --nccl-tuner``: the CSV NCCL's example tuner plugin reads, its ranges, and the
-checker that reads a CSV by the plugin's rules (NVIDIA/nccl plugins/tuner/example/plugin.c)."""
+"""``flowride export --nccl-tuner``: the CSV NCCL's example tuner plugin reads, picked by NCCL's
+cost model calibrated to measured curves and gated by that model's error at each size; its
+ranges, and the checker that reads a CSV by the plugin's rules (NVIDIA/nccl plugins/tuner/example/plugin.c)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from clihere import cli_here
 from clirun import assert_clean_error, cli
 from flowride.errors import InputError
+from flowride.runtime.defaults import Chosen, for_topology
+from flowride.runtime.nccl_tuning import IDENTITY, estimates
+from flowride.runtime.profile import Profile, write_profile
 from flowride.sweep import (
     Choice,
     SizeChoice,
     TunerPlan,
-    TunerRange,
     check_tuner_csv,
     parse_tuner_csv,
     plan_tuner,
@@ -22,7 +28,7 @@ from flowride.sweep import (
     tuner_collectives,
     write_tuner,
 )
-from flowride.sweep.nccl_tuner import apply_tuner_csv, choose
+from flowride.sweep.nccl_tuner import RULE, apply_tuner_csv, choose
 from flowride.sweep.nccl_tuner_rules import (
     ALGORITHMS,
     COLLECTIVES,
@@ -33,11 +39,24 @@ from flowride.sweep.nccl_tuner_rules import (
     match_row,
     plugin_channels,
 )
+from flowride.synth.nccl import machine
 from flowride.topology import dgx1
 from flowride.topology.fabrics import build_fabric
 from synth_helpers import refused_here
 
-SIZES = [1024 * 4**k for k in range(8)]  # 1 KiB .. 16 MiB
+SIZES = [1024 * 2**k for k in range(21)]  # 1 KiB .. 1 GiB, the export's default sweep
+FABRIC2 = ("-t", "fabric", "--node", "dgx-h100", "--nodes", "2")
+PAIRS = [(a, p) for a in ("ring", "tree", "nvls_tree", "pat") for p in ("LL", "LL128", "Simple")]
+
+
+@pytest.fixture(scope="module")
+def fabric():
+    return build_fabric("dgx-h100", 2)
+
+
+@pytest.fixture(scope="module")
+def fabric_plan(fabric) -> TunerPlan:
+    return plan_tuner(fabric, None, SIZES)
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +64,21 @@ def dgx1_plan() -> TunerPlan:
     return plan_tuner(dgx1(), "allgather,allreduce", SIZES)
 
 
-@pytest.fixture(scope="module")
-def fabric_plan() -> TunerPlan:
-    return plan_tuner(build_fabric("dgx-h100", 2), ["allreduce"], SIZES)
+def _sizes(plan: TunerPlan):
+    return [(r, s) for r in plan.ranges for s in r.sizes]
+
+
+def _with_error(chosen: Chosen, error: float) -> Chosen:
+    """The same calibration, its fit's error ``error`` at every swept size."""
+    return replace(chosen, name=f"{chosen.name}, error {error}", errors=tuple((b, error) for b in SIZES))
+
+
+def _profile(path, chosen: Chosen, ratio: float) -> None:
+    """A profile as `flowride calibrate` writes it: ``chosen``'s calibration, fitted with
+    predicted/measured ``ratio`` at every swept size."""
+    fit = [{"collective": "allreduce", "bytes": b, "measured_us": 100.0, "predicted_us": 100.0 * ratio, "ratio": ratio}
+           for b in SIZES]
+    write_profile(Profile(chosen.calibration, {"node": "dgx-h100", "nodes": 2}, ("mine.log",), ("floor_us",), fit, {}), path)
 
 
 # ---- ranges ----
@@ -78,24 +109,54 @@ def test_tile_property_exact_cover_no_overlap(pairs):
     assert [i for _, _, a, b in ranges for i in range(a, b + 1)] == list(range(len(sizes)))
 
 
-@given(st.lists(st.sampled_from([(("ring", "ll", 4), ("ring", "ll")), (("tree", "simple", 12), ("ring", "ll128")),
-                                  (("ring", "simple", 4), ("ring", "simple")), (("ring", "ll128", 4), ("nvls_tree", "simple"))]),
-                min_size=1, max_size=30))
-def test_written_csv_passes_the_checker_for_any_choices(choices):
-    sizes = [2**k for k in range(len(choices))]
+def _sc(size: int, ours: tuple[str, str], nccl: tuple[str, str], gain: float, error: float | None, ch: int = 8) -> SizeChoice:
+    return SizeChoice(size, Choice(ours[0], ours[1].lower(), ch), 10.0, Choice(nccl[0], nccl[1].lower()), 10.0 * (1 + gain),
+                      12.0, 13.0, error)
+
+
+@given(st.lists(st.tuples(st.sampled_from(PAIRS[:4]), st.sampled_from(PAIRS[:4]), st.floats(0, 1),
+                          st.one_of(st.none(), st.floats(0, 0.5))), min_size=1, max_size=30))
+def test_written_csv_passes_the_checker_and_a_row_is_exactly_where_gain_beats_error(points):
+    sizes = [2**k for k in range(len(points))]
     plan = TunerPlan("t", 16, 2, ["allreduce"], sizes)
-    picks = [SizeChoice(s, Choice(*o), 1.0, "simulated", Choice(*d), 1.5, 2.0, 3.0) for s, (o, d) in zip(sizes, choices, strict=True)]
-    for lo, hi, a, b in tile(sizes, [p.key for p in picks]):
-        plan.ranges.append(TunerRange("allreduce", lo, hi, picks[a:b + 1]))
+    picks = [_sc(s, *p) for s, p in zip(sizes, points, strict=True)]
+    plan.add("allreduce", picks)
     text = plan.csv("t.md")
     assert check_tuner_csv(text, tiled=True) == []
     rows, kept, _ = parse_tuner_csv(text)
-    assert len(rows) == sum(p.differs for p in picks[:1]) + sum(
-        q.differs and q.key != p.key for p, q in zip(picks, picks[1:], strict=False))
-    assert len(rows) + len(kept) == len(plan.ranges)
+    assert len(rows) + len(kept) == len(plan.ranges) and [r for _, r in rows] == plan.rows
+    for p in picks:  # applied the way the plugin applies it
+        row = match_row([r for _, r in rows], "allreduce", p.size, 2, 16)
+        want = p.ours.pair != p.nccl.pair and p.error is not None and p.gain > p.error
+        assert (row is not None) == want == p.written
+        if row:
+            assert (row.algorithm, row.protocol, row.channels) == (*p.ours.pair, 8)
+    for a, b in zip(plan.ranges, plan.ranges[1:], strict=False):  # merged by the final decision only
+        assert a.sizes[-1].key != b.sizes[0].key
 
 
-# ---- the plan ----
+def test_ranges_merge_by_the_final_decision_and_say_why():
+    ring_ll, ring_ll128, tree_ll = ("ring", "LL"), ("ring", "LL128"), ("tree", "LL")
+    picks = [_sc(1, ring_ll, ring_ll, 0.0, 0.1), _sc(2, tree_ll, ring_ll, 0.05, 0.1),  # differs, within the error: kept
+             _sc(3, tree_ll, ring_ll, 0.5, 0.1), _sc(4, tree_ll, ring_ll128, 0.3, 0.2),  # a row, though NCCL's default changes
+             _sc(5, tree_ll, ring_ll128, 0.3, None), _sc(6, ring_ll128, ring_ll128, 0.0, 0.1)]  # unknown error: kept
+    plan = TunerPlan("t", 8, 1, ["allreduce"], [1, 2, 3, 4, 5, 6], calibration="fitted: test")
+    plan.add("allreduce", picks)
+    assert [(r.min_bytes, r.max_bytes, r.written) for r in plan.ranges] == [(0, 2, False), (3, 4, True), (5, SIZE_MAX, False)]
+    assert [r.line() for r in plan.rows] == ["allreduce,3,4,tree,ll,8,1,8,-1,-1"]
+    text = plan.csv()
+    assert "# nccl-default,allreduce,0,2,1,8,ring,ll" in text and "# nccl-default,allreduce,5,18446744073709551615,1,8,ring,ll128" in text
+    assert "# calibration: fitted: test" in text and check_tuner_csv(text, tiled=True) == []
+    why = [r.why() for r in plan.ranges]
+    assert why[0] == "NCCL's default kept: gain 5.0% within the model's error 10.0% at this size"
+    assert why[1].startswith("row: gain 30.0%-50.0% > the model's error 10.0%-20.0%")
+    assert "error is unknown" in why[2]
+    md = plan.markdown("t.csv")
+    assert "| allreduce | 2 | tree/ll x8 | ring/ll |" in md and "gain 5.0% within the model's error 10.0% at this size" in md
+    assert "| ring/ll, ring/ll128 |" in md  # the row's range: NCCL's defaults under it
+
+
+# ---- the plan: NCCL's default, flowride's pick, the gate ----
 
 def _check_plan(plan: TunerPlan) -> None:
     for coll in plan.collectives:
@@ -103,51 +164,76 @@ def _check_plan(plan: TunerPlan) -> None:
         assert rs[0].min_bytes == 0 and rs[-1].max_bytes == SIZE_MAX
         assert all(b.min_bytes == a.max_bytes + 1 for a, b in zip(rs, rs[1:], strict=False))
         assert sorted(s.size for r in rs for s in r.sizes) == plan.sizes
-    rows = plan.rows
-    assert len(rows) == sum(r.differs for r in plan.ranges)
-    for row in rows:
+    assert len(plan.rows) == sum(r.written for r in plan.ranges)
+    for row in plan.rows:
         assert row.collective in COLLECTIVES and row.algorithm in ALGORITHMS and row.protocol in PROTOCOLS
         assert (row.nnodes, row.nranks, row.num_pipe_ops, row.reg_buff) == (plan.nodes, plan.gpus, -1, -1)
-        assert row.channels > 0  # never -1: the example plugin would make that one channel
-    for r in plan.ranges:
-        for s in r.sizes:
-            assert s.differs == r.differs
-            if s.differs:  # a row only where flowride's model beats NCCL's default in flowride's model
-                assert s.speedup is not None and s.speedup > 1
+        assert row.channels == plan.default_channels > 0  # NCCL's assumed count, never -1
+    assert check_tuner_csv(plan.csv(), tiled=True) == []
 
 
-def test_dgx1_plan_ranges_and_rows(dgx1_plan):
-    _check_plan(dgx1_plan)
-    assert (dgx1_plan.gpus, dgx1_plan.nodes) == (8, 1)
-    assert check_tuner_csv(dgx1_plan.csv(), tiled=True) == []
-
-
-def test_two_node_fabric_disagrees_on_allreduce(fabric_plan):
+def test_fabric_default_is_nccls_rule_pick_is_calibrated_and_a_row_needs_gain_above_error(fabric, fabric_plan):
+    """Two DGX H100: NCCL's default is the least of NCCL's own model, flowride's pick the least of
+    the calibrated one, both timed calibrated; a size is written exactly where the gain beats
+    ``error_at`` there, and the sweep has both kinds of disagreement (written, and kept)."""
     _check_plan(fabric_plan)
-    assert (fabric_plan.gpus, fabric_plan.nodes) == (16, 2)
-    assert fabric_plan.disagreements("allreduce") >= 1  # NCCL's model: tree / NVLS-tree; flowride's simulated ring
-    assert {r.nccl.algorithm for r in fabric_plan.ranges if r.differs} <= {"tree", "nvls_tree", "ring"}
-    text = fabric_plan.csv()
-    assert check_tuner_csv(text, tiled=True) == []
-    rows, _, findings = parse_tuner_csv(text)
-    assert findings == [] and [r for _, r in rows] == fabric_plan.rows
-    assert rows[0][1].line().startswith("allreduce,0,") and rows[0][1].line().endswith(",8,2,16,-1,-1")
+    chosen = for_topology(fabric)
+    assert chosen.errors and fabric_plan.calibration == chosen.name and chosen.name.startswith("fitted: dgx-h100")
+    m = machine(fabric)
+    for r, s in _sizes(fabric_plan):
+        own = {(e.algorithm, e.protocol.lower()): e.time_us for e in estimates(r.collective, m, s.size, IDENTITY)}
+        cal = {(e.algorithm, e.protocol.lower()): e.time_us for e in estimates(r.collective, m, s.size, chosen.calibration)}
+        assert s.nccl.pair == min(own, key=own.get) and s.nccl_est_us == own[s.nccl.pair]
+        assert s.ours_us == cal[s.ours.pair] == min(cal.values()) and s.nccl_us == cal[s.nccl.pair]
+        assert s.error == chosen.error_at(s.size) is not None and s.how == "calibrated model"
+        assert s.written == (s.ours.pair != s.nccl.pair and cal[s.nccl.pair] / cal[s.ours.pair] - 1 > s.error)
+        assert s.ours.channels == 8  # one per NIC across nodes, as NCCL's model assumes
+    written = [(r, s) for r, s in _sizes(fabric_plan) if s.written]
+    held = [(r, s) for r, s in _sizes(fabric_plan) if s.differs and not s.written]
+    assert written and held
+    lines = fabric_plan.csv().splitlines()
+    md = fabric_plan.markdown()
+    for r, s in written:  # its range is a row naming the pick
+        assert r.written and f"{r.collective},{r.min_bytes},{r.max_bytes},{s.ours.algorithm},{s.ours.protocol},8,2,16,-1,-1" in lines
+    for r, s in held:  # NCCL's default, and the side table says why
+        assert not r.written and any(ln.startswith(f"# nccl-default,{r.collective},{r.min_bytes},") for ln in lines)
+        assert f"gain {100 * s.gain:.1f}% within the model's error {100 * s.error:.1f}% at this size" in md
 
 
-def test_rows_only_where_choices_differ():
-    def sc(size, ours, nccl):
-        return SizeChoice(size, Choice(*ours), 1.0, "simulated", Choice(*nccl), 2.0, 3.0, 4.0)
-    same, other = ("ring", "ll", 4), ("tree", "ll", 12)
-    plan = TunerPlan("t", 8, 1, ["allreduce"], [1, 2, 3])
-    for lo, hi, a, b in tile([1, 2, 3], ["k", "d", "k"]):
-        picks = [sc(1, same, ("ring", "ll")), sc(2, other, ("ring", "ll")), sc(3, same, ("ring", "ll"))]
-        plan.ranges.append(TunerRange("allreduce", lo, hi, picks[a:b + 1]))
-    assert [r.line() for r in plan.rows] == ["allreduce,2,2,tree,ll,12,1,8,-1,-1"]
-    text = plan.csv()
-    assert "# nccl-default,allreduce,0,1,1,8,ring,ll" in text and "# nccl-default,allreduce,3,18446744073709551615,1,8" in text
-    assert check_tuner_csv(text, tiled=True) == []
-    md = plan.markdown("t.csv")
-    assert "| allreduce | 2..2 |" in md and "2.00x faster" in md
+def test_the_side_table_names_the_calibration_and_the_rule(fabric_plan):
+    md = fabric_plan.markdown("t.csv")
+    assert f"Calibration: **{fabric_plan.calibration}**" in md and "hgx_h100_2node_allreduce" in md
+    assert RULE in md and "median |predicted/measured - 1|" in RULE and "exceeds the model's error at that size" in RULE
+    head = md.split("## Per swept size")[1].splitlines()[2]
+    for col in ("pick (us)", "default (us)", "gain", "model error", "row", "why", "NCCL's own model: pick (us)"):
+        assert col in head
+
+
+def test_no_rows_without_a_measured_error(fabric, dgx1_plan):
+    """``--calibration nccl`` is NCCL's own model: the choices agree and there is no error to beat;
+    a topology with no node type (dgx1) gets NCCL's own model too."""
+    nccl = plan_tuner(fabric, None, SIZES, calibration="nccl")
+    assert nccl.rows == [] and nccl.calibration == "NCCL's own model (uncorrected)"
+    assert all(not s.differs and s.error is None for _, s in _sizes(nccl))
+    _check_plan(dgx1_plan)
+    assert dgx1_plan.rows == [] and dgx1_plan.calibration.startswith("NCCL's own model")
+    assert all(s.error is None and not s.written for _, s in _sizes(dgx1_plan))
+    # a calibration that differs from NCCL's but whose error is unknown writes nothing either
+    blind = replace(for_topology(fabric), errors=())
+    plan = plan_tuner(fabric, None, SIZES, calibration=blind)
+    assert plan.rows == [] and any(s.differs for _, s in _sizes(plan))
+    assert "error is unknown" in plan.markdown()
+
+
+def test_a_smaller_error_lets_more_rows_through(fabric, fabric_plan):
+    chosen = for_topology(fabric)
+    tight = plan_tuner(fabric, None, SIZES, calibration=_with_error(chosen, 0.01))
+    loose = plan_tuner(fabric, None, SIZES, calibration=_with_error(chosen, 10.0))
+    assert loose.rows == [] and len(tight.rows) > len(fabric_plan.rows)
+    for plan in (tight, loose):
+        _check_plan(plan)
+        for _, s in _sizes(plan):
+            assert s.written == (s.differs and s.gain > s.error)
 
 
 def test_collectives_refused_with_the_fix():
@@ -158,13 +244,23 @@ def test_collectives_refused_with_the_fix():
             tuner_collectives(bad)
 
 
-def test_write_is_checked_and_sits_beside(tmp_path, dgx1_plan):
-    csv_path, md = write_tuner(dgx1_plan, tmp_path / "tuner.conf")
+
+
+def test_write_is_checked_and_sits_beside(tmp_path, fabric_plan):
+    csv_path, md = write_tuner(fabric_plan, tmp_path / "tuner.conf")
     assert md == side_table_path(csv_path) == tmp_path / "tuner.conf.md"
     text = csv_path.read_text()
     assert check_tuner_csv(text, tiled=True) == [] and "tuner.conf.md" in text
     assert all(len(line) <= 254 for line in text.splitlines())
-    assert "# NCCL tuner overrides for dgx1" in md.read_text()
+    assert f"# calibration: {fabric_plan.calibration}" in text
+    assert "# NCCL tuner overrides for dgx-h100-2n-rail" in md.read_text()
+
+
+def test_a_long_calibration_name_stays_one_comment_line():
+    plan = TunerPlan("t", 8, 1, ["allreduce"], [1], calibration="profile /" + "x" * 400 + "\n.json")
+    plan.add("allreduce", [_sc(1, ("ring", "LL"), ("ring", "LL"), 0.0, None)])
+    text = plan.csv("t.md")
+    assert check_tuner_csv(text, tiled=True) == [] and all(len(ln) <= 254 for ln in text.splitlines())
 
 
 # ---- the checker: each kind of bad file ----
@@ -218,27 +314,45 @@ def test_checker_tiling_is_declared_or_asked_for():
 
 # ---- the command ----
 
-def test_cli_export_on_two_node_fabric(tmp_path):
+def test_cli_export_with_a_calibration_profile(tmp_path):
+    """End to end, as a user runs it: a profile from `flowride calibrate` (here written directly:
+    the built-in fit's calibration, 1% off at every size), so rows wherever the gain beats 1%."""
+    prof = tmp_path / "p.json"
+    _profile(prof, for_topology(build_fabric("dgx-h100", 2)), 1.01)
     out = tmp_path / "tuner.csv"
-    r = cli("export", "--nccl-tuner", out, "-t", "fabric", "--node", "dgx-h100", "--nodes", "2", "-c", "allreduce",
-            "--sizes", "1K:4M:x4", timeout=120)
+    r = cli("export", "--nccl-tuner", out, *FABRIC2, "-c", "allreduce,allgather", "--calibration", prof, timeout=120)
     assert r.code == 0, r.err[-2000:]
-    assert "row(s) written to" in r.out and "allreduce" in r.out and "NCCL_TUNER_CONFIG_FILE" in r.out
+    assert f"Calibration: profile {prof}" in r.out and "NCCL_TUNER_CONFIG_FILE" in r.out
     text = out.read_text()
-    assert check_tuner_csv(text, tiled=True) == []
+    assert check_tuner_csv(text, tiled=True) == [] and "# calibration: profile" in text
     rows, _, _ = parse_tuner_csv(text)
-    assert rows and all(row.nnodes == 2 and row.nranks == 16 for _, row in rows)
-    assert "| allreduce |" in (tmp_path / "tuner.csv.md").read_text()
+    assert rows and all(row.nnodes == 2 and row.nranks == 16 and row.channels == 8 for _, row in rows)
+    md = (tmp_path / "tuner.csv.md").read_text()
+    assert f"Calibration: **profile {prof}**; fitted on: mine.log" in md and RULE in md
+    plan = plan_tuner(build_fabric("dgx-h100", 2), "allreduce,allgather", SIZES, calibration=str(prof))
+    assert [r for _, r in rows] == plan.rows
+    assert all(s.error == pytest.approx(0.01) and s.written == (s.differs and s.gain > s.error) for _, s in _sizes(plan))
+    assert r.out.count("row(s) written") == 1 and f"{len(plan.rows)} row(s) written" in r.out
 
 
-def test_cli_export_dgx1_default_collectives(tmp_path):
+def test_cli_export_dgx1_writes_no_row_and_says_why(tmp_path, capfd):
     out = tmp_path / "t.conf"
-    r = cli("export", "--nccl-tuner", out, "-t", "dgx1", "-b", "1K", "-e", "64K", "-f", "8", timeout=120)
+    r = cli_here(capfd, "export", "--nccl-tuner", out, "-t", "dgx1", "-b", "1K", "-e", "64K", "-f", "8")
     assert r.code == 0, r.err[-2000:]
     text = out.read_text()
-    assert check_tuner_csv(text, tiled=True) == []
+    assert check_tuner_csv(text, tiled=True) == [] and parse_tuner_csv(text)[0] == []
     for coll in ("allgather", "reducescatter", "allreduce"):
-        assert coll in r.out and f",{coll}," in "," + text.replace("# nccl-default,", ",")
+        assert coll in r.out and f"# nccl-default,{coll},0," in text
+    assert "0 row(s) written" in r.out and "the model's error is unknown and no row is written" in r.out
+    r = cli_here(capfd, "export", "--nccl-tuner", tmp_path / "e.csv", "-t", "dgx1", "--every-range", "--sizes", "1K,64M")
+    assert r.code == 0 and len(parse_tuner_csv((tmp_path / "e.csv").read_text())[0]) == 6  # ring/ll, then ring/simple
+
+
+def test_cli_a_bad_calibration_is_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "x.csv"
+    r = cli("export", "--nccl-tuner", out, *FABRIC2, "--calibration", tmp_path / "none.json", timeout=60)
+    assert_clean_error(r, 2, "--calibration", "none.json", "flowride calibrate", within=30)
+    assert not out.exists() and not side_table_path(out).exists()
 
 
 @pytest.mark.parametrize("args, needles", [
@@ -248,6 +362,9 @@ def test_cli_export_dgx1_default_collectives(tmp_path):
     (("--nccl-tuner", "{d}/x.csv", "-t", "dgx1", "--msccl", "{d}/a.xml"), ("--msccl", "--nccl-tuner")),
     (("--nccl-tuner", "{d}/x.csv", "-t", "dgx1", "--out-dir", "{d}"), ("--out-dir",)),
     (("--nccl-tuner", "{d}/none/x.csv", "-t", "dgx1"), ("--nccl-tuner",)),
+    (("--nccl-tuner", "{d}/x.csv", *FABRIC2, "--calibration", "{d}"), ("--calibration",)),
+    (("-t", "dgx1", "--sizes", "1K", "--out-dir", "{d}/o", "--calibration", "nccl"), ("--calibration", "--nccl-tuner")),
+    (("{d}/s.json", "--msccl", "{d}/a.xml", "--network-kind", "efa"), ("--network-kind", "--nccl-tuner")),
 ])
 def test_cli_errors(tmp_path, capsys, args, needles):
     """The first end to end in a subprocess, the others through ``main`` in this process."""
@@ -278,64 +395,70 @@ def test_match_row_is_the_plugins_first_usable_match():
     assert [plugin_channels(r) for r in (rows[0], rows[2], None)] == [4, 1, 1]  # -1 and no row: one channel
 
 
-def _assert_never_slower(plan: TunerPlan) -> list:
-    applied = apply_tuner_csv(plan, plan.csv())
+
+
+def _assert_never_slower(plan: TunerPlan, text: str | None = None) -> list:
+    applied = apply_tuner_csv(plan, plan.csv() if text is None else text)
     assert len(applied) == len(plan.sizes) * len(plan.collectives)
     for a in applied:
-        assert a.ratio is not None, a  # flowride's model times both the applied choice and NCCL's default
+        assert a.ratio is not None, a  # the calibrated model times both the applied choice and NCCL's default
         assert a.ratio <= 1 + 1e-12, a
         [s] = [s for r in plan.ranges if r.collective == a.collective for s in r.sizes if s.size == a.size]
-        assert (a.row is None) == (not s.differs)  # a row exactly where the picks differ, and it is the pick
-        assert (a.choice.algorithm, a.choice.protocol) == (s.ours.algorithm, s.ours.protocol)
-        assert a.est_ratio is not None and a.est_ratio >= 1 - 1e-12  # NCCL's model: its default is its least
+        if text is None:  # a row exactly where a size is written, and it is the pick
+            assert (a.row is None) == (not s.written)
+            assert (a.choice.algorithm, a.choice.protocol) == (s.ours if s.written else s.nccl).pair
+            assert a.row is None or a.ratio < 1 / (1 + s.error) + 1e-12  # faster by more than the model's error
+        assert a.est_ratio is not None and a.est_ratio >= 1 - 1e-12  # NCCL's own model: its default is its least
     return applied
 
 
-def test_applied_csv_never_slower_on_real_plans(dgx1_plan, fabric_plan):
-    for plan in (dgx1_plan, fabric_plan):
+def test_applied_csv_never_slower_on_real_plans(fabric, dgx1_plan, fabric_plan):
+    tight = plan_tuner(fabric, None, SIZES, calibration=_with_error(for_topology(fabric), 0.01))
+    for plan in (dgx1_plan, fabric_plan, tight):
         applied = _assert_never_slower(plan)
-        assert sum(a.row is not None for a in applied) == sum(plan.disagreements(c) for c in plan.collectives)
+        assert sum(a.row is not None for a in applied) == sum(plan.written_sizes(c) for c in plan.collectives)
     assert any(a.ratio < 1 for a in apply_tuner_csv(fabric_plan, fabric_plan.csv()))
-
-
-PAIRS = [(a, p) for a in ("ring", "tree", "nvls_tree", "pat") for p in ("LL", "LL128", "Simple")]
 
 
 @given(st.lists(st.tuples(st.dictionaries(st.sampled_from(PAIRS), st.floats(1.0, 1e4), min_size=1),
                           st.dictionaries(st.sampled_from(PAIRS), st.floats(1.0, 1e4)),
-                          st.dictionaries(st.sampled_from(PAIRS), st.sampled_from([1, 4, 8, 12]))), min_size=1, max_size=12))
+                          st.one_of(st.none(), st.floats(0.0, 1.0))), min_size=1, max_size=12))
 def test_applied_csv_never_slower_for_any_plan_the_export_writes(points):
-    """For any times the two models give (flowride's model times every pair NCCL's offers, and may
-    time more), the CSV the export writes, applied like the plugin, is never slower than NCCL's
-    default at any swept size in flowride's model."""
-    plan = TunerPlan("t", 16, 2, ["allreduce", "allgather"], [1024 * 2**k for k in range(len(points))])
+    """For any times the two models give (the calibrated one times every pair NCCL's offers, and
+    may time more) and any error, the CSV the export writes, applied like the plugin, is never
+    slower than NCCL's default at any swept size in the calibrated model."""
+    plan = TunerPlan("t", 16, 2, ["allreduce", "allgather"], [1024 * 2**k for k in range(len(points))], default_channels=8)
     for coll in plan.collectives:
         picks = []
-        for size, (est, extra, chans) in zip(plan.sizes, points, strict=True):
-            ours = {k: (extra.get(k, t * 1.3), "simulated", chans.get(k, 8)) for k, t in est.items()}
-            ours.update({k: (t, "simulated", 8) for k, t in extra.items() if k not in ours})  # pairs NCCL's table ignores
-            picks.append(choose(size, ours, est))
+        for size, (est, extra, error) in zip(plan.sizes, points, strict=True):
+            cal = {k: extra.get(k, t * 1.3) for k, t in est.items()}
+            cal.update({k: t for k, t in extra.items() if k not in cal})  # pairs NCCL's table ignores
+            picks.append(choose(size, cal, est, 8, error))
         plan.add(coll, picks)
     assert check_tuner_csv(plan.csv(), tiled=True) == []
     _assert_never_slower(plan)
 
 
 def test_pick_is_one_nccl_can_run():
-    # regression: a pair flowride's model times but NCCL's cost table ignores (here NVLS across
+    # regression: a pair the calibrated model times but NCCL's cost table ignores (here NVLS across
     # nodes) made a row the plugin passes over, while the side table claimed its speedup
     est = {("ring", "LL"): 20.0, ("ring", "Simple"): 30.0}
-    ours = {("ring", "LL"): (18.0, "simulated", 8), ("ring", "Simple"): (15.0, "simulated", 8), ("nvls", "Simple"): (5.0, "simulated", 1)}
-    s = choose(4096, ours, est)
+    cal = {("ring", "LL"): 18.0, ("ring", "Simple"): 15.0, ("nvls", "Simple"): 5.0}
+    s = choose(4096, cal, est, 8, 0.1)
     assert (s.ours.algorithm, s.ours.protocol, s.nccl.algorithm, s.nccl.protocol) == ("ring", "simple", "ring", "ll")
-    assert s.usable == {("ring", "ll"), ("ring", "simple")} and s.times[("nvls", "simple")] == (5.0, None, 1)
+    assert s.usable == {("ring", "ll"), ("ring", "simple")} and s.times[("nvls", "simple")] == (5.0, None, 8)
+    assert s.gain == pytest.approx(0.2) and s.written
+    assert not choose(4096, cal, est, 8, 0.2).written and not choose(4096, cal, est, 8, None).written
+    tie = choose(4096, {("ring", "LL"): 15.0, ("ring", "Simple"): 15.0}, est, 8, 0.0)  # a tie goes to NCCL's default
+    assert not tie.differs and not tie.written
 
 
 def test_applied_row_with_another_channel_count_is_untimed():
     est = {("ring", "LL"): 20.0, ("tree", "LL"): 10.0}
-    s = choose(1024, {("ring", "LL"): (5.0, "simulated", 8), ("tree", "LL"): (9.0, "tuning model", 12)}, est)
+    s = choose(1024, {("ring", "LL"): 5.0, ("tree", "LL"): 9.0}, est, 12, 0.1)
     plan = TunerPlan("t", 16, 2, ["allreduce"], [1024])
     plan.add("allreduce", [s])
-    [a] = apply_tuner_csv(plan, "allreduce,0,18446744073709551615,ring,ll,8,2,16\n")
+    [a] = apply_tuner_csv(plan, "allreduce,0,18446744073709551615,ring,ll,12,2,16\n")
     assert a.ratio == pytest.approx(5 / 9) and a.est_ratio == pytest.approx(2.0)
     [b] = apply_tuner_csv(plan, "allreduce,0,18446744073709551615,ring,ll,-1,2,16\n")  # one channel: not what was timed
     assert b.us is None and b.ratio is None and b.choice.channels == 1
@@ -347,17 +470,14 @@ def test_applied_row_with_another_channel_count_is_untimed():
 
 
 def test_every_range_leaves_no_call_to_the_plugins_one_channel_default(dgx1_plan, fabric_plan):
-    """``--every-range``: NCCL's default is written out where the models agree, so every swept size
+    """``--every-range``: NCCL's default is written out where no row is, so every swept size
     matches a row (none falls to the example plugin's one channel), the file still passes the
-    plugin's rules, and the applied choice is never slower than NCCL's default in flowride's model."""
-    from dataclasses import replace
-
+    plugin's rules, and the applied choice is never slower than NCCL's default in the calibrated model."""
     for plan in (dgx1_plan, fabric_plan):
         every = replace(plan, every_range=True)
         text = every.csv()
         assert check_tuner_csv(text, tiled=True) == []
-        assert len(every.rows) == len(plan.ranges) >= len(plan.rows)
-        assert plan is fabric_plan or len(every.rows) > len(plan.rows)  # dgx1: the models agree on most ranges
+        assert len(every.rows) == len(plan.ranges) > len(plan.rows)
+        _assert_never_slower(plan, text)
         for a in apply_tuner_csv(every, text):
-            assert a.row is not None and a.row.channels >= 1, a
-            assert a.ratio is not None and a.ratio <= 1 + 1e-12, a
+            assert a.row is not None and a.row.channels == plan.default_channels, a

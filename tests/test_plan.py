@@ -167,3 +167,33 @@ def test_a_yaml_job_reads_as_its_json(tmp_path):
     f.write_text("model: [unclosed")
     r = cli("plan", f, "--no-synth", "--no-cache")
     assert_clean_error(r, 2, "not valid YAML", within=30)
+
+
+def test_collectives_are_priced_by_the_calibrated_model_and_keyed_by_it(tmp_path, capsys):
+    """NCCL's price is the calibrated prediction (default: the node type's fitted calibration;
+    ``--calibration nccl``: NCCL's own model), the cache keeps the two apart, and a bad profile is
+    refused in one line before any pricing."""
+    from flowride.plan.comm import group_fabric
+    from flowride.runtime.defaults import builtin
+    from flowride.runtime.nccl_tuning import IDENTITY
+    from flowride.runtime.predict import choose
+    from flowride.synth.nccl import machine
+
+    d = {"model": {"layers": 8, "hidden": 1024, "seq_len": 512, "params": 1e8},
+         "parallel": {"tp": 4, "pp": 2, "dp": 2, "microbatches": 4, "schedule": "1f1b"},
+         "hardware": {"node": "dgx-h100"}, "synthesis": {"enabled": False}}
+    cache = tmp_path / "c.json"
+    fitted = plan_job(job_from_dict(d), Pricer(cache=cache, synth=False))
+    own = Pricer(cache=cache, synth=False, calibration="nccl")
+    plain = plan_job(job_from_dict(d), own)
+    assert own.solved == 3 and own.hits == 0  # another calibration: nothing reused
+    for a, b in zip(fitted.collectives, plain.collectives, strict=True):
+        m = machine(group_fabric(a.group))
+        cal = builtin(a.group.node, a.group.nodes).calibration
+        assert a.nccl_us == pytest.approx(choose(a.collective, m, a.size_bytes, cal).time_us)
+        assert b.nccl_us == pytest.approx(choose(b.collective, m, b.size_bytes, IDENTITY).time_us)
+    assert any(a.nccl_us != b.nccl_us for a, b in zip(fitted.collectives, plain.collectives, strict=True))
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(d))
+    (tmp_path / "bad.json").write_text("{}")
+    refused_here(capsys, ["plan", str(job), "--no-cache", "--calibration", str(tmp_path / "bad.json")], "--calibration", within=30)

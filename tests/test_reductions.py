@@ -20,7 +20,6 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from flowride.api import synthesize
-from flowride.api.reduction import symmetric
 from flowride.collectives import Collective, make_demand
 from flowride.errors import InputError
 from flowride.program import Step, check_program, lower, transfers
@@ -866,7 +865,7 @@ def test_a_reversed_baseline_takes_its_allgathers_epochs_without_switches(topo, 
     epoch for epoch, as schedule/reduce.py's docstring says. (Through cut-through switches whose
     links differ in speed it is not: a path's epochs into and out of a switch differ by direction;
     hypothesis found such a fabric, 5 GPUs on one forwarding switch at 25 and 50 GB/s.)"""
-    assert symmetric(topo) and not topo.switches
+    assert topo.symmetric() and not topo.switches
     _describe(topo, chunks, epoch)
     ag = greedy_allgather(topo, chunks, size, epoch)
     rs = reduce_scatter_from_allgather(ag, topo)

@@ -415,7 +415,8 @@ def test_cli_sweep_tables_are_whole_when_piped(tmp_path):
     assert r.code == 0, r.err
     assert "…" not in r.out and "warm start: off (reductions run cold)" in r.out
     heads = " ".join(ln for ln in r.out.splitlines() if ln.startswith("#"))
-    for h in ("size", "(B)", "count", "(elements)", "type", "redop", "modelled", "time", "(us)", "algbw", "busbw", "synthesis", "bound",
+    for h in ("size", "(B)", "count", "(elements)", "type", "redop", "epoch", "time", "(us)", "algbw", "busbw", "runtime", "NCCL",
+              "error", "speedup", "synthesis", "bound",
               "ratio", "epochs", "chunks", "method", "status"):
         assert h in heads.split(), h
     rows = [ln.split() for ln in r.out.splitlines() if ln.startswith("  ")]

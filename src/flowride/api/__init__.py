@@ -21,11 +21,13 @@ from flowride.api.auto import synthesize_auto
 from flowride.api.clock import Clock
 from flowride.api.ladder import WARM_TAG, Retimed, ladder_factors, retimed
 from flowride.api.outcome import SynthOutcome, switch_model
-from flowride.api.reduction import symmetric, synthesize_reduction
+from flowride.api.priced import headline
+from flowride.api.reduction import synthesize_reduction
 from flowride.api.single import level, synthesize_one
 from flowride.api.subgraphs import best_with_subgraphs, fast_subgraphs
 from flowride.collectives.demand import Collective, make_demand
 from flowride.errors import InputError
+from flowride.runtime.defaults import Chosen, for_topology
 from flowride.schedule.ir import Schedule
 from flowride.synth.budget import MEMORY_LIMIT_BYTES, check_work
 from flowride.synth.nccl import model_nccl
@@ -34,7 +36,7 @@ from flowride.synth.result import Progress
 from flowride.topology.model import Topology
 from flowride.topology.timing import epoch_timing
 
-__all__ = ["WARM_TAG", "Retimed", "SynthOutcome", "coarse_to_fine", "ladder_factors", "retimed", "switch_model", "symmetric",
+__all__ = ["WARM_TAG", "Retimed", "SynthOutcome", "coarse_to_fine", "ladder_factors", "retimed", "switch_model",
            "synthesize", "synthesize_with"]
 
 NCCL_SHARE = 0.15  # of the time limit NCCL's modelled algorithms may take (beyond it: NCCL's own estimate)
@@ -56,6 +58,7 @@ def synthesize(
     speedups: Speedups = DEFAULT_SPEEDUPS,
     objective: str = "makespan",
     nccl: bool = True,
+    calibration: str | Chosen | None = None,
 ) -> SynthOutcome:
     """The fastest schedule ``method`` can find, verified by the simulator.
 
@@ -72,20 +75,36 @@ def synthesize(
     ``chunks``: a count, or ``"auto"`` (the CLI's default; :mod:`flowride.api.auto`): counts are
     searched and the time limit used. Reductions (ReduceScatter, AllReduce) are built from
     AllGathers run backwards with the same method. ``nccl``: model NCCL's own algorithms on the
-    same topology for the report (``nccl``) and, with ``chunks="auto"``, as candidates. The
-    keywords are those of :class:`~flowride.synth.options.SynthOptions`."""
+    same topology for the report (``nccl``) and, with ``chunks="auto"``, as candidates, and
+    headline the report with NCCL's prediction by the calibrated model (``calibration``: a
+    :class:`~flowride.runtime.defaults.Chosen`, or what ``--calibration`` takes; default: the
+    built-in one of the topology's node type) beside this schedule priced as the runtime runs it
+    (:mod:`flowride.api.priced`). The other keywords are those of
+    :class:`~flowride.synth.options.SynthOptions`."""
     opts = SynthOptions(method, epoch, time_limit, mip_gap, threads, memory_limit, speedups, objective)
-    return synthesize_with(topo, collective, size_bytes, chunks, opts, progress, nccl=nccl)
+    return synthesize_with(topo, collective, size_bytes, chunks, opts, progress, nccl=nccl, calibration=calibration)
 
 
 def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: int, chunks: int | str, opts: SynthOptions,
                     progress: Progress | None = None, warm: tuple[Schedule, ...] = (), nccl: bool = True,
-                    subgraphs: bool = True) -> SynthOutcome:
+                    subgraphs: bool = True, calibration: str | Chosen | None = None) -> SynthOutcome:
     """:func:`synthesize` with its options as one :class:`SynthOptions`. ``warm``: schedules of the
     same collective on ``topo`` at other sizes (:func:`flowride.sweep.synthesize_sweep`), retimed to
     this one and offered as incumbents (AllGather, AlltoAll). ``subgraphs``: where dropping the
     slowest links shortens the epoch, synthesize on the faster subgraphs too and keep the best
-    (:mod:`flowride.api.subgraphs`: more links never give a slower schedule)."""
+    (:mod:`flowride.api.subgraphs`: more links never give a slower schedule). ``calibration``: as
+    for :func:`synthesize`."""
+    chosen = calibration if isinstance(calibration, Chosen) or not nccl or topo.teccl_compat else \
+        for_topology(topo, calibration)  # a bad profile is refused before any work
+    out = _search(topo, collective, size_bytes, chunks, opts, progress, warm, nccl, subgraphs)
+    if nccl and chosen is not None and not topo.teccl_compat:
+        out.headline = headline(out.schedule, out.parts, out.demand.collective, out.demand.size_bytes, chosen)
+    return out
+
+
+def _search(topo: Topology, collective: Collective | str, size_bytes: int, chunks: int | str, opts: SynthOptions,
+            progress: Progress | None, warm: tuple[Schedule, ...], nccl: bool, subgraphs: bool) -> SynthOutcome:
+    """The schedule :func:`synthesize_with` returns, before its headline figures."""
     opts.check()
     given = opts
     auto = chunks == "auto"
@@ -133,7 +152,7 @@ def _with_subgraphs(topo: Topology, subs: list[Topology], collective: Collective
     def run(t: Topology, seconds: float | None, whole: bool) -> SynthOutcome:
         if whole:
             o = opts if opts.time_limit is None else replace(opts, time_limit=seconds)
-            return synthesize_with(t, collective, size_bytes, chunks, o, progress, warm, nccl, subgraphs=False)
+            return _search(t, collective, size_bytes, chunks, o, progress, warm, nccl, False)
         if progress:
             progress({"stage": "subgraph", "links": len(t.links), "of": len(topo.links)})
 
@@ -141,7 +160,7 @@ def _with_subgraphs(topo: Topology, subs: list[Topology], collective: Collective
             if progress and ev.get("stage") != "done":
                 progress(ev)
 
-        return synthesize_with(t, collective, size_bytes, chunks, replace(opts, time_limit=seconds), quiet, (), False, subgraphs=False)
+        return _search(t, collective, size_bytes, chunks, replace(opts, time_limit=seconds), quiet, (), False, False)
 
     out = best_with_subgraphs(topo, subs, limit, run, clock.elapsed)
     out.wall_seconds = clock.elapsed()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flowride.api.priced import Headline
 from flowride.collectives.demand import Demand
 from flowride.schedule.ir import Schedule
 from flowride.schedule.metrics import algbw_GBps
@@ -33,6 +34,9 @@ class SynthOutcome:
     # the baseline's own schedule, kept only where asked (a reduction reverses it rather than
     # building the same ring again; elsewhere it would double what an outcome holds)
     baseline_schedule: Schedule | None = field(default=None, repr=False)
+    # a reduction's AllGathers (on the reversed topology first), which the runtime price reads
+    parts: tuple[Schedule, ...] = field(default=(), repr=False)
+    headline: Headline | None = None  # NCCL's calibrated prediction and flowride's runtime price (api/priced.py)
 
     @property
     def finish_time_s(self) -> float:
@@ -44,6 +48,7 @@ class SynthOutcome:
         lb = self.bounds.best_s
         fin = self.finish_time_s
         gap_epochs = self.search.T - self.search.lower
+        h = self.headline
         out = {
             "topology": topo.name,
             "switch_model": switch_model(topo),
@@ -65,8 +70,16 @@ class SynthOutcome:
             "baseline": self.baseline_name,
             "baseline_us": self.baseline.finish_time_s * 1e6,
             "speedup_vs_baseline": self.baseline.finish_time_s / fin,
+            # the headline: NCCL's calibrated prediction and flowride's schedule priced as the
+            # runtime runs it, one model on both sides (modelled, with the model's error)
+            "nccl_predicted": self.headline.report() if self.headline else None,
+            "runtime_us": h.flowride.time_us if h and h.flowride else None,
+            "runtime_protocol": h.flowride.protocol if h and h.flowride else None,
+            "runtime_unpriced": h.why_unpriced if h and not h.flowride else None,
+            "speedup_vs_nccl": h.speedup if h else None,
+            # detail: NCCL's algorithms in the epoch model beside this schedule's epoch-model time
             "nccl": self.nccl.report() if self.nccl else None,
-            "speedup_vs_nccl": self.nccl.best.time_us / (fin * 1e6) if self.nccl else None,
+            "speedup_vs_nccl_epoch_model": self.nccl.best.time_us / (fin * 1e6) if self.nccl else None,
             "solver_time_s": self.search.solver_seconds,
             "wall_time_s": self.wall_seconds,
             "status": self.status,

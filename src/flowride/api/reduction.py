@@ -35,16 +35,6 @@ def _baseline(ag: SynthOutcome, topo: Topology, timing) -> Schedule:
     return Schedule.from_tuples(topo, ag.demand, timing.tau, baseline_sends(topo, ag.demand, timing)[1], {"method": ag.baseline_name})
 
 
-def symmetric(topo: Topology) -> bool:
-    """Every link has a way back with the same bandwidth and latency."""
-    idx = topo.link_index
-    for lk in topo.links:
-        back = idx.get((lk.dst, lk.src))
-        if back is None or (topo.links[back].bandwidth_GBps, topo.links[back].alpha_s) != (lk.bandwidth_GBps, lk.alpha_s):
-            return False
-    return True
-
-
 def synthesize_reduction(topo: Topology, demand: Demand, opts: SynthOptions, progress: Progress | None, clock: Clock) -> SynthOutcome:
     """ReduceScatter: the AllGather synthesized on the reversed topology, run backwards in time.
     AllReduce: that ReduceScatter, then the AllGather on the topology itself (the same schedule when
@@ -54,7 +44,7 @@ def synthesize_reduction(topo: Topology, demand: Demand, opts: SynthOptions, pro
     capacity window and delay mirrors), so the minimal AllGather on the reversed links gives the
     minimal ReduceScatter."""
     is_ar = demand.collective is Collective.ALLREDUCE
-    same = symmetric(topo)
+    same = topo.symmetric()
     time_limit = opts.time_limit
     budget = time_limit if not is_ar or same or time_limit is None else time_limit / 2
     rev_topo = topo if same else topo.reversed()
@@ -103,4 +93,5 @@ def synthesize_reduction(topo: Topology, demand: Demand, opts: SynthOptions, pro
         epoch_bounds={"time": lower},
         status=status,
         wall_seconds=clock.elapsed(),
+        parts=(rev.schedule, fwd.schedule) if is_ar else (rev.schedule,),
     )

@@ -102,4 +102,5 @@ def relinked(out: SynthOutcome, topo: Topology, whole: SynthOutcome) -> SynthOut
     status = "feasible"  # its epochs may be minimal on the subgraph; on the whole topology nothing is proven
     return SynthOutcome(sched, sim, sched.demand, whole.bounds, whole.baseline_name, whole.baseline, search,
                         {"time": lower}, status, whole.wall_seconds, whole.nccl, whole.chunks_requested,
-                        whole.chunk_search + [dict(r, phase=f"subgraph {r.get('phase')}") for r in out.chunk_search])
+                        whole.chunk_search + [dict(r, phase=f"subgraph {r.get('phase')}") for r in out.chunk_search],
+                        parts=out.parts)

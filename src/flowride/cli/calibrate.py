@@ -7,7 +7,14 @@ import argparse
 import json
 
 from flowride.argtypes import number, out_file
-from flowride.cli.common import as_options, console, err, topology_args
+from flowride.cli.common import (
+    as_options,
+    calibration_args,
+    chosen_calibration,
+    console,
+    err,
+    topology_args,
+)
 from flowride.cli.sweep import SweepTable, _f, _time, sweep_args, sweep_of, sweep_option
 from flowride.errors import InputError
 
@@ -24,18 +31,6 @@ def _cluster(a: argparse.Namespace):
     return topo, machine(topo), fab.get("node"), int(fab.get("nodes", 1))
 
 
-def _chosen(a: argparse.Namespace, node: str | None, nodes: int):
-    from flowride.runtime.defaults import resolve
-    from flowride.runtime.nccl_tuning import IDENTITY
-
-    if node is None and a.calibration in (None, "default", "ib", "efa"):  # a topology file: no node type to look up
-        from flowride.runtime.defaults import Chosen
-
-        return Chosen(IDENTITY, "NCCL's own model (a topology file names no node type; give --calibration FILE)", ())
-    with as_options(network_kind="--network-kind"):
-        return resolve(a.calibration, node or "", nodes, a.network_kind)
-
-
 def cmd_predict(a: argparse.Namespace) -> int:
     from flowride.runtime.predict import predict
 
@@ -43,14 +38,14 @@ def cmd_predict(a: argparse.Namespace) -> int:
     if not sizes:
         raise InputError("-b/--sizes", "no size given", "give -b 1K -e 1G (-f 2) or --sizes 1M,16M")
     topo, m, node, nodes = _cluster(a)
-    chosen = _chosen(a, node, nodes)
+    chosen = chosen_calibration(a, topo)
     with as_options(algorithm="--algorithm", size=sweep_option(a)):
         rows = predict(a.collective, m, sizes, chosen.calibration, a.algorithm)
     errs = [chosen.error_at(r.bytes) for r in rows]
     out = [{"bytes": r.bytes, "time_us": r.time_us, "algbw_GBps": r.algbw_GBps, "busbw_GBps": r.busbw_GBps,
             "algorithm": r.algorithm, "protocol": r.protocol, "model_error": e, "modelled": True} for r, e in zip(rows, errs, strict=True)]
     if a.synth:
-        _add_synth(a, topo, m, chosen, out)
+        _add_synth(a, topo, chosen, out)
     if a.json:
         print(json.dumps(out))
         return 0
@@ -74,16 +69,20 @@ def cmd_predict(a: argparse.Namespace) -> int:
     return 0
 
 
-def _add_synth(a: argparse.Namespace, topo, m, chosen, out: list[dict]) -> None:
+def _add_synth(a: argparse.Namespace, topo, chosen, out: list[dict]) -> None:
     """flowride's schedule at each size, priced by the same calibrated model (api/priced.py)."""
-    from flowride.api.priced import priced_schedule
+    from flowride.api import synthesize
 
     with err.status("[bold]predict[/bold] --synth") as st, as_options(time_limit="--time-limit"):
         for i, r in enumerate(out):
             st.update(f"[predict --synth] size {i + 1}/{len(out)}: {r['bytes']} B (synthesizing, then pricing)")
-            p = priced_schedule(topo, a.collective, r["bytes"], chosen.calibration, m.arch, a.time_limit)
-            r.update({"flowride_us": p.time_us, "flowride_protocol": p.protocol, "flowride_epoch_model_us": p.epoch_model_us,
-                      "speedup_vs_nccl": r["time_us"] / p.time_us})
+            o = synthesize(topo, a.collective, r["bytes"], "fast", chunks="auto", time_limit=a.time_limit, calibration=chosen)
+            h = o.headline
+            if h is None or h.flowride is None:
+                raise InputError("--synth", f"flowride's schedule at {r['bytes']} B was not priced ({h.why_unpriced if h else 'no model'})",
+                                 "give smaller sizes or a smaller topology")
+            r.update({"flowride_us": h.flowride.time_us, "flowride_protocol": h.flowride.protocol,
+                      "flowride_epoch_model_us": o.finish_time_s * 1e6, "speedup_vs_nccl": r["time_us"] / h.flowride.time_us})
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
@@ -122,11 +121,6 @@ def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--network-kind", choices=("ib", "efa"), default="ib",
-                   help="the network's kind for the built-in calibration: ib (InfiniBand/RoCE, default) or efa (AWS EFA)")
-
-
 def add_calibrate(sub) -> None:
     """``flowride calibrate`` and ``flowride predict``."""
     c = sub.add_parser("calibrate", help="fit the cost model to your cluster's nccl-tests logs and write a profile")
@@ -135,7 +129,8 @@ def add_calibrate(sub) -> None:
     c.add_argument("--collective", "-c", choices=COLLECTIVES, help="the collective of logs that do not name it "
                    "(no command line in the text)")
     topology_args(c)
-    _model_args(c)
+    c.add_argument("--network-kind", choices=("ib", "efa"), default="ib",
+                   help="the network's kind, for the fields the logs do not settle: ib (InfiniBand/RoCE, default) or efa (AWS EFA)")
     c.add_argument("--out", "-o", type=out_file, required=True, help="write the profile (JSON) here; --calibration reads it")
     c.set_defaults(func=cmd_calibrate)
 
@@ -143,9 +138,7 @@ def add_calibrate(sub) -> None:
     topology_args(p)
     p.add_argument("--collective", "-c", required=True, choices=COLLECTIVES)
     sweep_args(p, "predict")
-    _model_args(p)
-    p.add_argument("--calibration", help="default (fitted to published runs), nccl (NCCL's own model, uncorrected), ib, efa, "
-                   "or a profile written by `flowride calibrate`")
+    calibration_args(p)
     p.add_argument("--algorithm", choices=("ring", "tree", "nvls", "nvls_tree", "pat"),
                    help="force NCCL's algorithm, as NCCL_ALGO does (default: NCCL's choice by its model)")
     p.add_argument("--synth", action="store_true", help="also synthesize flowride's schedule at each size and price it by the "

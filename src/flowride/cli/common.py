@@ -155,3 +155,21 @@ def train_args(p: argparse.ArgumentParser, iters: int) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--threads", type=THREADS, default=1, help="torch threads per rank")
     p.add_argument("--min-bubble", type=number(0, 60, what="seconds"), default=0.002, help="seconds: waits predicted shorter are not announced")
+
+
+def calibration_args(p: argparse.ArgumentParser) -> None:
+    """``--calibration`` and ``--network-kind``: which calibrated model of the runtime prices NCCL
+    and flowride's schedules (docs/calibration.md)."""
+    p.add_argument("--calibration", help="the communication model's calibration: default (fitted to published nccl-tests "
+                   "runs for the node type), nccl (NCCL's own model, uncorrected), ib, efa, or a profile written by "
+                   "`flowride calibrate`")
+    p.add_argument("--network-kind", choices=("ib", "efa"), default="ib",
+                   help="the network's kind for the built-in calibration: ib (InfiniBand/RoCE, default) or efa (AWS EFA)")
+
+
+def chosen_calibration(a: argparse.Namespace, topo):
+    """The :class:`~flowride.runtime.defaults.Chosen` calibration the options name for ``topo``."""
+    from flowride.runtime.defaults import for_topology
+
+    with as_options(network_kind="--network-kind", calibration="--calibration"):
+        return for_topology(topo, getattr(a, "calibration", None), getattr(a, "network_kind", "ib") or "ib")

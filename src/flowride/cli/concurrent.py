@@ -67,8 +67,16 @@ def cmd_concurrent(a: argparse.Namespace, epoch) -> int:
                   f"{rep['ratio_to_joint_bound']:.3f}x the joint bound ({rep['joint_bound_kind']}"
                   + (f": {rep['joint_bound_cut']}" if rep["joint_bound_kind"].startswith("cut") else "") + "); "
                   f"{rep['speedup_vs_independent']:.2f}x flowride's independent schedules run together, "
-                  f"{rep['speedup_vs_nccl']:.2f}x NCCL's ({rep['speedup_vs_independent_as_routed']:.2f}x and "
-                  f"{rep['speedup_vs_nccl_as_routed']:.2f}x with every flow on the links it chose alone)")
+                  f"{rep['speedup_vs_nccl_epoch_model']:.2f}x NCCL's ({rep['speedup_vs_independent_as_routed']:.2f}x and "
+                  f"{rep['speedup_vs_nccl_as_routed']:.2f}x with every flow on the links it chose alone); all in the epoch model",
+                  soft_wrap=True)
+    cal = rep.get("calibrated")
+    if cal:
+        e = cal["model_error"]
+        console.print(f"calibrated model ({cal['calibration']}; model error {'unknown' if e is None else f'{100 * e:.0f}%'}): "
+                      f"NCCL together {cal['nccl_together_us']:.1f} us, joint {cal['joint_us']:.1f} us as the runtime runs it: "
+                      f"{cal['speedup_vs_nccl']:.2f}x NCCL's (each alone by that model, stretched by the epoch model's "
+                      "contention); all modelled", soft_wrap=True)
     use = rep["joint"]["link_use"]
     how = rep["joint"]["how"]
     where = ("on its share of every shared link" if how in ("equal", "load", "spines apart") else

@@ -24,7 +24,8 @@ def cmd_export(a: argparse.Namespace) -> int:
     sizes = sweep_of(a)
     if a.nccl_tuner:
         return _export_tuner(a, sizes)
-    refuse_unused(a, "with --nccl-tuner", "leave it out, or add --nccl-tuner FILE", every_range="--every-range")
+    refuse_unused(a, "with --nccl-tuner", "leave it out, or add --nccl-tuner FILE", every_range="--every-range",
+                  calibration="--calibration", network_kind="--network-kind")
     if a.topology or sizes is not None or a.out_dir:
         return _export_ranges(a, sizes)
     if not a.schedule:
@@ -106,7 +107,7 @@ def _export_ranges(a: argparse.Namespace, sizes: list[int] | None) -> int:
 
 
 def _export_tuner(a: argparse.Namespace, sizes: list[int] | None) -> int:
-    """``flowride export --nccl-tuner FILE --topology T [--collective C,...] [--sizes ...]``."""
+    """``flowride export --nccl-tuner FILE --topology T [--collective C,...] [--sizes ...] [--calibration SPEC]``."""
     from flowride.cli.sweep import SweepTable
     from flowride.cli.topology import load_topology
     from flowride.sweep import export_nccl_tuner, side_table_path, tuner_collectives
@@ -127,19 +128,28 @@ def _export_tuner(a: argparse.Namespace, sizes: list[int] | None) -> int:
         colls = tuner_collectives(a.collective)
     sizes = sizes if sizes is not None else sweep_sizes(sizes=TUNER_SIZES)
     topo = load_topology(a)
-    names = {"collective": "--collective", "sizes": "--sizes", "nccl_tuner": "--nccl-tuner"}
-    with err.status("[bold]export[/bold] modelling NCCL's algorithms") as st, as_options(**names):
-        plan = export_nccl_tuner(topo, colls, sizes, a.nccl_tuner, SweepView(st), every_range=a.every_range)
+    names = {"collective": "--collective", "sizes": "--sizes", "nccl_tuner": "--nccl-tuner", "calibration": "--calibration",
+             "network_kind": "--network-kind"}
+    with err.status("[bold]export[/bold] NCCL's model, calibrated") as st, as_options(**names):
+        plan = export_nccl_tuner(topo, colls, sizes, a.nccl_tuner, SweepView(st), every_range=a.every_range,
+                                 calibration=a.calibration, network=a.network_kind or "ib")
     t = SweepTable(f"NCCL tuner overrides for {plan.topology} ({plan.gpus} ranks, {plan.nodes} node(s)): flowride's pick vs "
-                   "NCCL's default per size range; times: flowride's model (us)", [("", c, "") for c in plan.COLUMNS[:-1]],
+                   f"NCCL's default per size range; times: NCCL's model calibrated ({plan.calibration}), us; a row only where "
+                   "the gain beats the model's error at that size", [("", c, "") for c in plan.COLUMNS[:-1]],
                    left=frozenset({"collective", "swept sizes", "flowride's pick", "NCCL's default", "row"}))
     for row in plan.table_rows():
         t.add_row(*row[:-1])
     t.print()
     per = ", ".join(f"{c} {plan.disagreements(c)}/{len(plan.sizes)}" for c in plan.collectives)
+    won = ", ".join(f"{c} {plan.written_sizes(c)}" for c in plan.collectives)
     console.print(f"{len(plan.rows)} row(s) written to {a.nccl_tuner} (point NCCL_TUNER_CONFIG_FILE there, with "
                   f"NCCL_TUNER_PLUGIN naming the example plugin); why each range: {side_table_path(a.nccl_tuner)}. "
-                  f"Sizes where the picks differ: {per}.", soft_wrap=True)
+                  f"Calibration: {plan.calibration}. Sizes where the picks differ: {per}; of them with a gain above the "
+                  f"model's error (rows): {won}.", soft_wrap=True)
+    if all(s.error is None for r in plan.ranges for s in r.sizes):
+        console.print("note: no measured curve near these sizes is behind this calibration, so the model's error is unknown and no row is "
+                      "written; give --calibration FILE (a profile from `flowride calibrate`) or a fabric of a node type "
+                      "(-t fabric --node ...)", soft_wrap=True)
     return 0
 
 
@@ -153,11 +163,16 @@ def add_export(sub) -> None:
                          "(--proto Simple or LL; a range keeps LL, others Simple; docs/mscclpp.md)")
     ex.add_argument("--nccl-tuner", type=out_file, metavar="FILE",
                     help="write the CSV NCCL's example tuner plugin reads (NCCL_TUNER_CONFIG_FILE): per collective and size "
-                         "range, the algorithm/protocol flowride's model of NCCL's algorithms prefers where NCCL's own cost "
-                         f"model picks otherwise; needs --topology; sizes from -b/-e/-f or --sizes (default {TUNER_SIZES}); "
-                         "the side table goes to FILE.md (docs/nccl_tuner.md)")
+                         "range, the algorithm/protocol NCCL's cost model calibrated to measured curves prefers where NCCL's "
+                         "own model picks otherwise, by more than the model's error there; needs --topology; sizes from "
+                         f"-b/-e/-f or --sizes (default {TUNER_SIZES}); the side table goes to FILE.md (docs/nccl_tuner.md)")
+    ex.add_argument("--calibration", help="--nccl-tuner: the calibrated model to pick by: default (fitted to published runs "
+                    "for the fabric's node type), nccl (NCCL's own model: no rows), ib, efa, or a profile written by "
+                    "`flowride calibrate`")
+    ex.add_argument("--network-kind", choices=("ib", "efa"),
+                    help="--nccl-tuner: the network's kind for the built-in calibration (default ib)")
     ex.add_argument("--every-range", action="store_true",
-                    help="--nccl-tuner: write a row for every size range, NCCL's default where the models agree (the example "
+                    help="--nccl-tuner: write a row for every size range, NCCL's default where no override is (the example "
                          "plugin runs a call no row matches on one channel; docs/nccl_tuner.md)")
     ex.add_argument("--unfused", action="store_true", help="only s, r, rrc and nop steps (what ASTRA-sim's converter reads)")
     ex.add_argument("--proto", choices=["Simple", "LL128", "LL"], help="MSCCL protocol attribute (default: Simple; range export: "

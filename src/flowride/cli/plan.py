@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from flowride.argtypes import SECONDS, integer, out_file
-from flowride.cli.common import console, err, refuse_unused
+from flowride.cli.common import as_options, calibration_args, console, err, refuse_unused
 from flowride.errors import InputError
 from flowride.files import write_json_atomic
 
@@ -57,12 +57,12 @@ def _breakdown(rep: dict) -> Table:
                                       f"({d['min_s'] * 1e3:.2f}..{d['max_s'] * 1e3:.2f})")
     for c in rep["collectives"]:
         t.add_row(f"{c['collective']} {c['size_bytes']:,} B on {c['group']['nodes'] * c['group']['per_node']} GPUs",
-                  f"NCCL {c['nccl_algorithm']} {c['nccl_us']:.1f} us, flowride {c['ours_us']:.1f} us ({c['how']})")
+                  f"NCCL {c['nccl_algorithm']} {c['nccl_us']:.1f} us, flowride {c['ours_us']:.1f} us ({c['how']}; modelled)")
         if c.get("together"):
             g = c["together"]
             t.add_row(f"  with {g['groups'] - 1} more at once", f"contention priced: NCCL {g['nccl_alone_us']:.1f} -> "
                       f"{g['nccl_together_us']:.1f} us, flowride {g['ours_alone_us']:.1f} -> {g['joint_us']:.1f} us joint "
-                      f"({g['joint_how']}; bound {g['joint_bound_us']:.1f} us)")
+                      f"({g['joint_how']}; contention from the epoch model)")
     t.add_row("synthesis saves", f"{rep['synthesis_saves_s_per_iteration'] * 1e3:.2f} ms per iteration "
                                  f"({rep['synthesis_saves_share']:.2%})")
     h = rep["harvest"]
@@ -179,8 +179,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
     if job.synthesis.contention and not job.synthesis.enabled:
         raise InputError("--contention", "prices a joint schedule, and synthesis is off", "leave out --no-synth (or synthesis.enabled false)")
     limit = a.synth_time_limit or job.synthesis.time_limit_s
-    pricer = Pricer(cache=None if a.no_cache else (a.cache or DEFAULT_CACHE), synth=job.synthesis.enabled,
-                    time_limit_s=limit)
+    with as_options(calibration="--calibration", network_kind="--network-kind"):
+        pricer = Pricer(cache=None if a.no_cache else (a.cache or DEFAULT_CACHE), synth=job.synthesis.enabled,
+                        time_limit_s=limit, calibration=a.calibration, network_kind=a.network_kind)
     if a.search:
         return _search(a, job, pricer)
     refuse_unused(a, "with --search", "add --search", gpus="--gpus", search_synth="--search-synth")
@@ -233,6 +234,7 @@ def add_plan(sub) -> None:
                     "in RUN_DIR instead of the FLOP model")
     pl.add_argument("--calibrate", metavar="RUN_DIR|FILE", help="fit the compute efficiency description (hardware.efficiency) to "
                     "a JSON of measured ops or a flowride train run of the job's model, print it, and plan with it")
+    calibration_args(pl)
     pl.add_argument("--sweep", nargs="+", metavar="KEY=V1,V2", help="rank configurations, e.g. pp=4,8,16 microbatches=8,16 schedule=1f1b,zbv recompute=none,full")
     pl.add_argument("--search", action="store_true", default=None, help="find the fastest (tp, pp, dp, cp, virtual, "
                     "microbatches, schedule, recompute) of the job's model that fits, the global batch kept (docs/plan.md)")

@@ -135,7 +135,7 @@ _NCCL_COLUMNS = [("", "size", "(B)"), ("", "count", "(elements)"), ("", "type", 
 
 # ---- flowride synth --sizes ----
 
-def synth_sweep(a: argparse.Namespace, topo, sizes: list[int], epoch, speedups) -> int:
+def synth_sweep(a: argparse.Namespace, topo, sizes: list[int], epoch, speedups, chosen=None) -> int:
     """``flowride synth`` over a sweep: modelled nccl-tests columns, the bound and the search."""
     from flowride.api import WARM_TAG
     from flowride.sweep import sweep_file_name, synthesize_sweep
@@ -154,7 +154,8 @@ def synth_sweep(a: argparse.Namespace, topo, sizes: list[int], epoch, speedups) 
                         size=sweep_option(a), sizes=sweep_option(a), collective="--collective", method="--method",
                         objective="--objective")
     with err.status("[bold]synth[/bold] sweep") as st, fields:
-        points = synthesize_sweep(topo, a.collective, sizes, a.chunks, opts, SweepView(st), warm_start=not a.no_warm_start)
+        points = synthesize_sweep(topo, a.collective, sizes, a.chunks, opts, SweepView(st), warm_start=not a.no_warm_start,
+                                  calibration=chosen)
     rows = [p.row() for p in points]
     if a.out_dir:
         d = Path(a.out_dir)
@@ -169,17 +170,20 @@ def synth_sweep(a: argparse.Namespace, topo, sizes: list[int], epoch, speedups) 
         print(json.dumps(rows))
         return 0
     rep = points[0].outcome.report()
-    t = SweepTable(f"{rep['collective']} on {rep['topology']} ({rep['gpus']} GPUs), times modelled by the epoch simulator; "
-                   f"sizes rounded to whole float32 elements, chunks per block: {a.chunks}; NCCL: its best algorithm modelled "
-                   "on the same topology and epochs",
-                   _NCCL_COLUMNS + [("modelled", "time", "(us)"), ("modelled", "algbw", "(GB/s)"), ("modelled", "busbw", "(GB/s)"),
-                                    ("NCCL", "time", "(us)"), ("NCCL", "algorithm", ""), ("NCCL", "speedup", ""),
+    pred = rep["nccl_predicted"]
+    cal = f"; NCCL: predicted by the calibrated model ({pred['calibration']}), and the schedule priced as the runtime runs it " \
+        "(runtime) by the same model; error: the model's median error near that size on measured runs" if pred else ""
+    t = SweepTable(f"{rep['collective']} on {rep['topology']} ({rep['gpus']} GPUs), all times modelled; epoch: the epoch "
+                   f"simulator; sizes rounded to whole float32 elements, chunks per block: {a.chunks}{cal}",
+                   _NCCL_COLUMNS + [("epoch", "time", "(us)"), ("epoch", "algbw", "(GB/s)"), ("epoch", "busbw", "(GB/s)"), ("runtime", "time", "(us)"),
+                                    ("NCCL", "time", "(us)"), ("NCCL", "algorithm", ""), ("model", "error", ""), ("NCCL", "speedup", ""),
                                     ("synthesis", "bound", "(us)"), ("synthesis", "ratio", ""), ("synthesis", "epochs", ""),
                                     ("synthesis", "chunks", ""), ("synthesis", "method", ""), ("synthesis", "status", "")])
     for r in rows:
         method = str(r["method"]).removesuffix(WARM_TAG) + (" +warm" if r["warm_start_won"] else "")
         t.add_row(r["size"], r["count"], r["type"], r["redop"], _time(r["time_us"]), _f(r["algbw_GBps"], ".2f"),
-                  _f(r["busbw_GBps"], ".2f"), _time(r["nccl_us"]) if r["nccl_us"] else "-", r["nccl_best"] or "-",
+                  _f(r["busbw_GBps"], ".2f"), _time(r["runtime_us"]) if r["runtime_us"] else "-", _time(r["nccl_us"]) if r["nccl_us"] else "-",
+                  r["nccl_best"] or "-", "-" if r["model_error"] is None else f"{100 * r['model_error']:.0f}%",
                   _f(r["speedup_vs_nccl"], ".2f") if r["speedup_vs_nccl"] else "-",
                   _time(r["lower_bound_us"]), _f(r["ratio_to_lower_bound"], ".3f"), r["epochs"],
                   r["chunks"], method, r["status"])

@@ -12,7 +12,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from flowride.argtypes import SECONDS, THREADS, integer, number, out_file
-from flowride.cli.common import as_options, console, err, refuse_unused, topology_args
+from flowride.cli.common import (
+    as_options,
+    calibration_args,
+    chosen_calibration,
+    console,
+    err,
+    refuse_unused,
+    topology_args,
+)
 from flowride.cli.sweep import sweep_args, sweep_of, synth_sweep
 from flowride.cli.topology import load_topology
 from flowride.errors import InputError
@@ -116,20 +124,34 @@ def _result_table(rep: dict) -> Table:
         from flowride.topology.group import format_ranks
 
         t.add_row("process group", f"ranks {format_ranks(g['ranks'])} of {g['of']}; relay {'on' if g['relay'] else 'off'}")
-    t.add_row("finish time", f"{rep['finish_time_us']:.3f} us  ({rep['epochs']} epochs x {rep['epoch_duration_us']:.4g} us)")
-    t.add_row("algorithmic bandwidth", f"{rep['algbw_GBps']:.3f} GB/s")
+    pred = rep.get("nccl_predicted")
+    if pred:  # the headline: one calibrated model on both sides
+        e = pred["model_error"]
+        err_s = f"model error {100 * e:.0f}% near this size" if e is not None else "model error unknown (no measured curve)"
+        t.add_row("NCCL, predicted", f"{pred['time_us']:.3f} us, {pred['algorithm']}/{pred['protocol']} (modelled: {pred['calibration']}; "
+                  f"{err_s})")
+        if rep.get("runtime_us"):
+            t.add_row("ours, as the runtime runs it", f"{rep['runtime_us']:.3f} us ({rep['runtime_protocol']}, modelled); "
+                      f"{rep['speedup_vs_nccl']:.2f}x NCCL's predicted time")
+        else:
+            t.add_row("ours, as the runtime runs it", f"not priced: {rep.get('runtime_unpriced')}")
+    t.add_row("finish time (epoch model)", f"{rep['finish_time_us']:.3f} us  ({rep['epochs']} epochs x {rep['epoch_duration_us']:.4g} us)")
+    t.add_row("algorithmic bandwidth", f"{rep['algbw_GBps']:.3f} GB/s (epoch model)")
     t.add_row("lower bound", f"{rep['lower_bound_us']:.3f} us ({rep['lower_bound_kind']}); ratio {rep['ratio_to_lower_bound']:.3f}")
     for kind, what in (("forest", "forest (max-flow) bound"), ("flow", "concurrent-flow bound")):
         if rep["lower_bounds_us"].get(kind):
             t.add_row(what, f"{rep['lower_bounds_us'][kind]:.3f} us")
-    t.add_row(f"{rep['baseline']} baseline", f"{rep['baseline_us']:.3f} us; ours is {rep['speedup_vs_baseline']:.2f}x faster")
-    if rep.get("nccl"):
+    if rep.get("nccl"):  # detail: the epoch model's figures
         n = rep["nccl"]
         algos = ", ".join(f"{k} {v:.4g}{'' if n['how'][k] == 'simulated' else ' (' + n['how'][k] + ')'}" for k, v in n["algorithms"].items())
-        t.add_row("NCCL, modelled", f"best {n['best']} {n['best_us']:.3f} us; ours is {rep['speedup_vs_nccl']:.2f}x faster ({algos} us)")
+        t.add_row("detail: NCCL in the epoch model", f"best {n['best']} {n['best_us']:.3f} us; ours {rep['speedup_vs_nccl_epoch_model']:.2f}x "
+                  f"there ({algos} us)")
+        for note in n.get("notes", []):
+            t.add_row("detail: NCCL model note", note)
         tb = n["tuning"]
         if tb.get("best"):
-            t.add_row("NCCL's own estimate", f"{tb['best']} ({tb['protocols'][tb['best']]}) {tb['best_us']:.3f} us")
+            t.add_row("detail: NCCL's own estimate", f"{tb['best']} ({tb['protocols'][tb['best']]}) {tb['best_us']:.3f} us (uncalibrated)")
+    t.add_row(f"detail: {rep['baseline']} baseline", f"{rep['baseline_us']:.3f} us in the epoch model")
     if rep.get("chunks_requested") == "auto" and rep.get("chunk_search"):
         tried = sorted({r["chunks"] for r in rep["chunk_search"]})
         t.add_row("chunks", f"{rep['chunks']} per block (auto: tried {', '.join(map(str, tried))})")
@@ -157,9 +179,10 @@ def cmd_synth(a: argparse.Namespace) -> int:
     topo = load_topology(a)
     with as_options(speedups="--speedups"):
         speedups = parse_speedups(a.speedups)
+    chosen = chosen_calibration(a, topo)  # a bad profile is refused before any work
     sizes = sweep_of(a)  # --sizes or -b/-e/-f: one synthesis per size (cli/sweep.py)
     if sizes is not None:
-        return synth_sweep(a, topo, sizes, epoch, speedups)
+        return synth_sweep(a, topo, sizes, epoch, speedups, chosen)
     if a.size is None:
         raise InputError("--size", "is missing", "give --size, or a size sweep with --sizes or -b/-e/-f")
     refuse_unused(a, "with a size sweep (-b/-e/-f or --sizes)", "give a sweep, or leave it out for one size",
@@ -170,7 +193,8 @@ def cmd_synth(a: argparse.Namespace) -> int:
                        objective="--objective")
     with err.status("[bold]synth[/bold] building bounds and baseline") as st, opts:
         out = synthesize(topo, a.collective, size, epoch, a.chunks, a.time_limit, a.mip_gap, a.threads, _ProgressView(st),
-                         method=a.method, memory_limit=int(a.memory_limit * 2**30), speedups=speedups, objective=a.objective)
+                         method=a.method, memory_limit=int(a.memory_limit * 2**30), speedups=speedups, objective=a.objective,
+                         calibration=chosen)
     rep = out.report()
     if a.out:
         out.schedule.save(a.out)
@@ -298,6 +322,7 @@ def add_synth(sub) -> None:
     s.add_argument("--concurrent", metavar="SPEC",
                    help="several collectives at once on shared links, scheduled jointly: a JSON list (inline or a file) of "
                         '{"name", "collective", "ranks", "size", "start_us"}; --out-dir writes each one\'s schedule, MSCCL XML and MSCCL++ plan')
+    calibration_args(s)
     sweep_args(s, "synthesize", synth=True)
     s.set_defaults(func=cmd_synth)
 

@@ -24,12 +24,13 @@ are synthesized once; the time limit is split over the distinct problems of each
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from flowride.api import synthesize
 from flowride.api.clock import Clock
+from flowride.api.priced import Headline
 from flowride.concurrent.bound import JointBound, joint_bound
 from flowride.concurrent.contention import run_together
 from flowride.concurrent.sharing import (
@@ -67,6 +68,7 @@ class Solved:
     method: str
     via: Member  # the group topology it was made on (whole links or shares) and its links' base names
     nccl: NcclModel | None = None
+    headline: Headline | None = None  # NCCL's calibrated prediction and this schedule's runtime price (api/priced.py)
 
 
 @dataclass
@@ -140,7 +142,7 @@ def synthesize_concurrent(topo: Topology, items: list[Item], time_limit: float =
             out = synthesize(v.topo, v.item.collective, v.item.size_bytes, epoch, "auto", seconds,
                              nccl=True)  # NCCL's algorithms as candidates on every share too
             cache[k] = Solved(out.schedule, out.finish_time_s, out.bounds.best_s, out.demand.chunks,
-                              str(out.schedule.meta.get("method", "")), v, out.nccl)
+                              str(out.schedule.meta.get("method", "")), v, out.nccl, out.headline)
         return [[None if k is None else _rewrap(cache[k], v) for k, v in zip(ks, vs, strict=True)]
                 for ks, vs in zip(keys, vias, strict=True)]
 
@@ -187,7 +189,7 @@ def _rewrap(s: Solved, via: Member) -> Solved:
         return s
     sched = Schedule(via.topo, s.schedule.collective, s.schedule.size_bytes, s.schedule.chunks, s.schedule.tau,
                      list(s.schedule.sends), dict(s.schedule.meta))
-    return Solved(sched, s.finish_s, s.bound_s, s.chunks, s.method, via, s.nccl)
+    return Solved(sched, s.finish_s, s.bound_s, s.chunks, s.method, via, s.nccl, s.headline)
 
 
 def _fastest_alone(tried: list[Solved]) -> Solved:
@@ -199,7 +201,10 @@ def _fastest_alone(tried: list[Solved]) -> Solved:
     best = tried[0]
     for s in tried[1:]:
         if s.finish_s < best.finish_s - 1e-15:
-            best = Solved(s.schedule, s.finish_s, tried[0].bound_s, s.chunks, s.method, s.via, tried[0].nccl)
+            h, h0 = s.headline, tried[0].headline  # NCCL's prediction is the whole links' one
+            if h is not None and h0 is not None:
+                h = replace(h0, flowride=h.flowride, why_unpriced=h.why_unpriced)
+            best = Solved(s.schedule, s.finish_s, tried[0].bound_s, s.chunks, s.method, s.via, tried[0].nccl, h)
     return best
 
 
@@ -369,6 +374,7 @@ def report(out: JointOutcome) -> dict:
         })
     last = best.last_s
     together, nccl = float(out.together_s.max()), float(out.nccl_together_s.max())
+    cal = calibrated(out)
     return {
         "topology": out.topo.name, "gpus": len(out.topo.gpus), "collectives": per,
         "joint": {"how": best.name, "last_finish_us": last * us, "verified": True, "link_use": out.link_use},
@@ -378,9 +384,48 @@ def report(out: JointOutcome) -> dict:
         "nccl_together_as_routed_us": float(out.nccl_together_routed_s.max()) * us,
         "joint_bound_us": out.bound.seconds * us, "joint_bound_kind": out.bound.binding, "joint_bound_cut": out.bound.cut,
         "ratio_to_joint_bound": last / out.bound.seconds,
-        "speedup_vs_independent": together / last, "speedup_vs_nccl": nccl / last,
+        # the headline: the calibrated model's figures (see :func:`calibrated`); the epoch model's as detail
+        "calibrated": cal, "speedup_vs_nccl": cal["speedup_vs_nccl"] if cal else None,
+        "speedup_vs_independent": together / last, "speedup_vs_nccl_epoch_model": nccl / last,
         "speedup_vs_independent_as_routed": float(out.together_routed_s.max()) / last,
         "speedup_vs_nccl_as_routed": float(out.nccl_together_routed_s.max()) / last,
         "candidates": [{"how": c.name, "valid": c.valid, "why": c.why, "last_finish_us": c.last_s * us} for c in out.candidates],
         "contention_model": CONTENTION_MODEL, "notes": out.notes, "wall_time_s": out.wall_s,
     }
+
+
+def calibrated(out: JointOutcome) -> dict | None:
+    """The joint run restated on the calibrated runtime model (docs/calibration.md): each
+    collective's duration alone priced by that model as the runtime runs it (flowride's schedule,
+    and NCCL's algorithm as the epoch model builds it, both by :mod:`flowride.api.priced`: NCCL's
+    closed form sees no spines), stretched by the contention the epoch model found (together over
+    alone, NCCL's and the joint schedule's each their own). None where a collective has no price."""
+    from flowride.api.priced import nccl_priced
+
+    nccl_t, joint_t, errs, names, seen = [], [], [], set(), {}
+    for i, it in enumerate(out.items):
+        s = out.alone[i]
+        h = s.headline
+        if h is None or h.flowride is None:
+            return None
+        topo = s.via.topo
+        key = (it.collective, it.size_bytes, out.nccl_algorithms[i], tuple((lk.src, lk.dst, lk.bandwidth_GBps) for lk in topo.links))
+        if key not in seen:
+            from flowride.runtime.defaults import for_topology
+
+            seen[key] = nccl_priced(topo, it.collective, it.size_bytes, out.nccl_algorithms[i], for_topology(topo))
+        nccl_alone_us = seen[key] if seen[key] is not None else h.nccl_us  # the closed form where no schedule is built
+        alone_s, nccl_alone_s = s.finish_s, float(out.nccl_alone_s[i])
+        nccl_dur = float(out.nccl_together_s[i]) - it.start_s
+        joint_dur = float(out.best.finish_s[i]) - it.start_s
+        nccl_t.append(it.start_s * 1e6 + (nccl_alone_us * nccl_dur / nccl_alone_s if nccl_alone_s > 0 else nccl_alone_us))
+        joint_t.append(it.start_s * 1e6 + (h.flowride.time_us * joint_dur / alone_s if alone_s > 0 else h.flowride.time_us))
+        errs.append(h.model_error)
+        names.add(h.calibration)
+    nccl_last, joint_last = max(nccl_t), max(joint_t)
+    known = [e for e in errs if e is not None]
+    return {"nccl_together_us": nccl_last, "joint_us": joint_last, "speedup_vs_nccl": nccl_last / joint_last,
+            "model_error": max(known) if len(known) == len(errs) else None, "calibration": "; ".join(sorted(names)),
+            "per_collective": [{"nccl_together_us": a, "joint_us": b} for a, b in zip(nccl_t, joint_t, strict=True)],
+            "how": "each collective alone priced as the runtime runs it (NCCL's algorithm and flowride's schedule alike), "
+                   "stretched by the epoch model's contention (together / alone)"}

@@ -4,11 +4,14 @@ A job's tensor-parallel and data-parallel groups repeat across the cluster: ever
 node's GPUs (or a few whole nodes), every DP group the same GPU of ``dp`` nodes. So a group is
 priced once, on the smallest fabric that holds it (the group's nodes only, on the job's network):
 a 10,240-GPU plan prices a handful of collectives, never a 10,240-GPU topology. Each is priced
-as NCCL's best modelled algorithm (:func:`flowride.synth.nccl.model_nccl`: ring, NVLS, PAT, p2p
-replayed by flowride's simulator) and, when synthesis is on, as flowride's synthesized schedule
-(:func:`flowride.api.synthesize`, ``--chunks auto``, which keeps NCCL's schedules as candidates,
-so it is never slower). Results go to a JSON cache keyed by (fabric, group, collective, size), so
-a second plan, or a sweep over other pipeline settings, solves nothing again.
+as NCCL is predicted to run it by the calibrated model (:mod:`flowride.runtime`: NCCL's cost model
+fitted to measured nccl-tests runs, or to the user's own with ``--calibration``) and, when
+synthesis is on, as flowride's synthesized schedule priced the same way, as the runtime would run
+it (:mod:`flowride.api.priced`); where that is slower, the plan keeps NCCL's. Collectives priced
+together (:meth:`Pricer.price_together`) take their contention from the joint schedule's epoch
+model (together over alone) applied to the calibrated prices alone. Results go to a JSON cache
+keyed by (fabric, group, collective, size, calibration), so a second plan, or a sweep over other
+pipeline settings, solves nothing again.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from flowride.files import read_json, write_json_atomic
 from flowride.topology.fabrics import NODE_TYPES, FabricSpec, fabric, parse_nic
 from flowride.topology.group import group_topology
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: priced by the calibrated runtime model
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "flowride" / "plan-collectives.json"
 
 
@@ -62,17 +65,27 @@ class Priced:
         return d
 
 
-def _key(collective: str, size: int, g: Group, synth: bool) -> str:
-    return json.dumps([CACHE_VERSION, collective, int(size), asdict(g), bool(synth)], sort_keys=True)
+def _key(collective: str, size: int, g: Group, synth: bool, calibration: str) -> str:
+    return json.dumps([CACHE_VERSION, collective, int(size), asdict(g), bool(synth), calibration], sort_keys=True)
 
 
 class Pricer:
     """Prices collectives, each (group, collective, size) once; ``cache`` a JSON file or None."""
 
-    def __init__(self, cache: str | Path | None = DEFAULT_CACHE, synth: bool = True, time_limit_s: float = 30.0) -> None:
+    def __init__(self, cache: str | Path | None = DEFAULT_CACHE, synth: bool = True, time_limit_s: float = 30.0,
+                 calibration: str | None = None, network_kind: str = "ib") -> None:
         self.path = Path(cache) if cache else None
         self.synth = synth
         self.time_limit_s = time_limit_s
+        self.calibration = calibration  # what --calibration takes: None (the built-in fit), nccl, ib, efa, a profile
+        self.network_kind = network_kind
+        self._profile = ""
+        if calibration not in (None, "default", "nccl", "ib", "efa"):  # a profile: read now (refused before any work),
+            from flowride.runtime.profile import (
+                read_profile,  # keyed by its fields so an edited profile prices again
+            )
+
+            self._profile = json.dumps(asdict(read_profile(calibration).calibration), sort_keys=True)
         self.entries: dict[str, dict] = {}
         self.hits = 0
         self.solved = 0
@@ -91,25 +104,45 @@ class Pricer:
         size = max(1, int(size_bytes))
         if g.size < 2:
             return Priced(collective, size, g, 0.0, "-", 0.0, "trivial", 0.0)
-        k = _key(collective, size, g, self.synth)
+        k = _key(collective, size, g, self.synth, self.calibration_key)
         hit = self.entries.get(k)
         if hit is not None:
             self.hits += 1
             return Priced(collective, size, g, hit["nccl_us"], hit["nccl_algorithm"], hit["ours_us"], hit["how"], 0.0)
         t0 = time.perf_counter()
         topo = group_fabric(g)
-        from flowride.synth.nccl import model_nccl
-
-        nccl = model_nccl(topo, collective, size, time_limit=max(1.0, 0.15 * self.time_limit_s)).best
-        ours, how = nccl.time_us, "nccl only"
+        nccl_us, nccl_name = self._predicted(topo, collective, size)
+        ours, how = nccl_us, "nccl only"
         if self.synth:
-            from flowride.api import synthesize
-
-            out = synthesize(topo, collective, size, chunks="auto", time_limit=self.time_limit_s)
-            ours, how = min(ours, float(out.report()["finish_time_us"])), "synthesized"
+            ours, how = min(ours, self._synthesized(topo, collective, size)), "synthesized"
         self.solved += 1
-        self.entries[k] = {"nccl_us": nccl.time_us, "nccl_algorithm": nccl.name, "ours_us": ours, "how": how}
-        return Priced(collective, size, g, nccl.time_us, nccl.name, ours, how, time.perf_counter() - t0)
+        self.entries[k] = {"nccl_us": nccl_us, "nccl_algorithm": nccl_name, "ours_us": ours, "how": how}
+        return Priced(collective, size, g, nccl_us, nccl_name, ours, how, time.perf_counter() - t0)
+
+    @property
+    def calibration_key(self) -> str:
+        return f"{self.calibration or 'default'}|{self.network_kind}|{self._profile}"
+
+    def chosen(self, topo):
+        from flowride.runtime.defaults import for_topology
+
+        return for_topology(topo, self.calibration, self.network_kind)
+
+    def _predicted(self, topo, collective: str, size: int) -> tuple[float, str]:
+        """NCCL's time for the call by the calibrated model, and its algorithm/protocol."""
+        from flowride.runtime.predict import choose
+        from flowride.synth.nccl import machine
+
+        e = choose(collective, machine(topo), size, self.chosen(topo).calibration)
+        return e.time_us, f"{e.algorithm}/{e.protocol}"
+
+    def _synthesized(self, topo, collective: str, size: int) -> float:
+        """flowride's schedule, priced as the runtime would run it (inf where it could not be priced)."""
+        from flowride.api import synthesize
+
+        out = synthesize(topo, collective, size, chunks="auto", time_limit=self.time_limit_s, calibration=self.chosen(topo))
+        h = out.headline
+        return h.flowride.time_us if h is not None and h.flowride is not None else float("inf")
 
 
     def price_together(self, collective: str, size_bytes: int, g: Group) -> Priced:
@@ -122,7 +155,7 @@ class Pricer:
         size = max(1, int(size_bytes))
         if g.size < 2 or g.nodes < 2 or k < 2 or not self.synth:  # nothing shared, or no joint schedule to make
             return self.price(collective, size, g)
-        key = _key(collective, size, g, self.synth) + "|together"
+        key = _key(collective, size, g, self.synth, self.calibration_key) + "|together"
         hit = self.entries.get(key)
         if hit is not None:
             self.hits += 1
@@ -136,16 +169,26 @@ class Pricer:
                                                                     for i in range(g.per_node)), size) for j in range(k)]
         rep = report(synthesize_concurrent(topo, items, self.time_limit_s))
         c0 = rep["collectives"][0]
-        together = {"groups": k, "nccl_alone_us": max(c["nccl_alone_us"] for c in rep["collectives"]),
-                    "nccl_together_us": rep["nccl_together_us"], "ours_alone_us": max(c["alone_us"] for c in rep["collectives"]),
-                    "ours_together_us": rep["independent_together_us"], "joint_us": rep["joint"]["last_finish_us"],
-                    "joint_how": rep["joint"]["how"], "joint_bound_us": rep["joint_bound_us"]}
-        ours = min(rep["joint"]["last_finish_us"], rep["nccl_together_us"])
+        alone = self.price(collective, size, g)  # the calibrated prices of one group alone
+        nccl_alone = max(c["nccl_alone_us"] for c in rep["collectives"])
+        ours_alone = max(c["alone_us"] for c in rep["collectives"])
+        # contention from the epoch model (together over alone), times from the calibrated one; NCCL's
+        # alone as its algorithm priced as a schedule (the closed form sees no spines; api/priced.py)
+        from flowride.api.priced import nccl_priced
+
+        gt = group_fabric(g)
+        priced = nccl_priced(gt, Collective.parse(collective), size, c0["nccl_algorithm"], self.chosen(gt))
+        nccl_base = priced if priced is not None else alone.nccl_us
+        nccl_us = nccl_base * rep["nccl_together_us"] / nccl_alone
+        ours = min(nccl_us, alone.ours_us * rep["joint"]["last_finish_us"] / ours_alone)
+        together = {"groups": k, "nccl_alone_us": nccl_base, "nccl_together_us": nccl_us, "ours_alone_us": alone.ours_us,
+                    "ours_together_us": alone.ours_us * rep["independent_together_us"] / ours_alone, "joint_us": ours,
+                    "joint_how": rep["joint"]["how"], "epoch_model": {"nccl_alone_us": nccl_alone, "nccl_together_us": rep["nccl_together_us"],
+                                                                      "ours_alone_us": ours_alone, "joint_us": rep["joint"]["last_finish_us"],
+                                                                      "joint_bound_us": rep["joint_bound_us"]}}
         self.solved += 1
-        self.entries[key] = {"nccl_us": rep["nccl_together_us"], "nccl_algorithm": c0["nccl_algorithm"], "ours_us": ours,
-                             "together": together}
-        return Priced(collective, size, g, rep["nccl_together_us"], c0["nccl_algorithm"], ours, "joint", time.perf_counter() - t0,
-                      together)
+        self.entries[key] = {"nccl_us": nccl_us, "nccl_algorithm": alone.nccl_algorithm, "ours_us": ours, "together": together}
+        return Priced(collective, size, g, nccl_us, alone.nccl_algorithm, ours, "joint", time.perf_counter() - t0, together)
 
 
 def nodes_fabric(g: Group):

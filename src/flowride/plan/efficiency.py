@@ -93,12 +93,12 @@ def saturating(x: float, e_max: float, x_half: float) -> float:
 # DGX A100 (22B, 175B, 530B, 1T; full recompute, and sequence parallel + selective recompute), by least squares on
 # log time through this planner (benchmarks/plan_validation.py --published --refit; the curve's form is Calculon's
 # axis, an operation's GFLOPs: Isaev et al., SC'23, calculon-ai/calculon systems/a100_80g.json); memory-bound
-# kernels at 0.9 of HBM, Calculon's "mem1" efficiency above 100 MB. The half-point (43 GFLOP) is an effective one:
+# kernels at 0.9 of HBM, Calculon's "mem1" efficiency above 100 MB. The half-point (31 GFLOP; 43 before the collectives were priced by the calibrated model) is an effective one:
 # isolated cuBLAS GEMMs saturate far sooner (Calculon's table: 0.9 at 16 GFLOP), and it matches wave quantization
 # at these shapes (one wave of 256 x 128 tiles on 108 SMs at K = 12,288 is ~87 GFLOP); GEMMs under ~10 GFLOP per
 # GPU come out too slow (give hardware.efficiency, or --calibrate).
 _A100 = Curve("fitted to Korthikanti et al. 2022 Table 5 (8 Megatron-LM iterations on A100 80GB); curve on GEMM GFLOPs "
-              "as Calculon's a100_80g.json, HBM share its mem1 0.9", 0.765, 42.6, 0.765, 42.6, 0.9)
+              "as Calculon's a100_80g.json, HBM share its mem1 0.9", 0.769, 31.1, 0.769, 31.1, 0.9)
 # H100 SXM 80GB (and an H200 given as dgx-h100 with hbm_tbps 4.8): issue #34's measurement, on one H200 a GPT layer
 # at h = 4096-12288, seq 2048-4096, bf16, forward + backward at 0.61-0.67 of 989 TFLOP/s (one run each, CUDA events,
 # after warm-up). With Calculon's shape (h100_80g_nvl8.json repeats the A100 table: x_half ~0.6 GFLOP) and the layer

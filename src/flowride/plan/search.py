@@ -202,7 +202,7 @@ def _cached_s(pricer: Pricer, coll: str, size: int, g) -> float:
     """A collective's NCCL price when the cache already holds it, else 0 (a floor)."""
     if g.size < 2:
         return 0.0
-    hit = pricer.entries.get(_key(coll, max(1, int(size)), g, pricer.synth))
+    hit = pricer.entries.get(_key(coll, max(1, int(size)), g, pricer.synth, pricer.calibration_key))
     return hit["nccl_us"] * 1e-6 if hit else 0.0
 
 
@@ -328,7 +328,8 @@ def _nccl_view(pricer: Pricer) -> Pricer:
     """A pricer with NCCL's modelled collectives only, sharing ``pricer``'s cache (its keys differ)."""
     if not pricer.synth:
         return pricer
-    view = Pricer(cache=None, synth=False, time_limit_s=pricer.time_limit_s)
+    view = Pricer(cache=None, synth=False, time_limit_s=pricer.time_limit_s, calibration=pricer.calibration,
+                  network_kind=pricer.network_kind)
     view.entries, view.path = pricer.entries, pricer.path
     return view
 

@@ -88,6 +88,17 @@ def _errors(cal: Calibration, curve_ids: list[str], nodes: int) -> tuple[tuple[i
     return tuple((j.bytes, abs(j.ratio - 1)) for j in judge(cal, observed(cs)))
 
 
+def for_topology(topo, spec: str | None = None, network: str = "ib") -> Chosen:
+    """``--calibration`` for a topology: a fabric's node type and node count look up the built-in
+    calibration; a topology with no node type (a preset of its own links, a file) gets NCCL's own
+    model, unless ``spec`` names a profile file."""
+    fab = topo.params.get("fabric") or {}
+    node = fab.get("node")
+    if node is None and spec in (None, "default", *NETWORKS):
+        return Chosen(IDENTITY, "NCCL's own model (the topology names no node type; give --calibration FILE)", ())
+    return resolve(spec, str(node or ""), int(fab.get("nodes", 1)), network)
+
+
 def resolve(spec: str | None, node: str, nodes: int, network: str = "ib") -> Chosen:
     """``--calibration``: a built-in name (``default``: fitted; ``nccl``: NCCL's own model;
     ``ib``/``efa``: fitted for that network) or a profile file written by ``flowride calibrate``."""

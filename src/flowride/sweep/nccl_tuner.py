@@ -1,41 +1,45 @@
-"""A CSV for NCCL's example tuner plugin: where flowride's model of NCCL's algorithms picks an
-algorithm and protocol other than NCCL's own cost model, per collective and size range.
+"""A CSV for NCCL's example tuner plugin: where flowride's calibrated model of NCCL picks an
+algorithm and protocol other than NCCL's own cost model, by more than the model's error, per
+collective and size range.
 
-At each swept size two choices are made on one topology:
+At each swept size, on one topology and with one calibration (:class:`~flowride.runtime.defaults.Chosen`,
+``--calibration``: by default the one fitted to published nccl-tests curves for the fabric's node
+type, :func:`flowride.runtime.defaults.for_topology`), two choices are made:
 
-- **NCCL's default**: the (algorithm, protocol) of least estimated time in NCCL's own cost model
-  (:func:`flowride.runtime.nccl_tuning.estimates`, an estimate of NCCL's ``tuning.cc``);
-- **flowride's pick**: the (algorithm, protocol) of least time in flowride's model of NCCL's
-  algorithms (:func:`flowride.synth.nccl.model_nccl`: ring, PAT, NVLS as schedules replayed by
-  the simulator; tree and NVLS-tree, which the epoch IR cannot express, by NCCL's estimate). The
-  simulator moves data the way the Simple protocol does, with each hop's latency, and knows
-  neither wire formats nor the kernel's launch and set-up. So a simulated algorithm's time under
-  protocol p is NCCL's base latency for (algorithm, p) plus its simulated time scaled by NCCL's
-  own ratio of the rest, ``(estimate(a, p) - base(a, p)) / (estimate(a, Simple) - base(a,
-  Simple))``: the simulation stands for NCCL's Simple time less its base latency, the protocol's
-  effect on latency and bandwidth is NCCL's. Ties go to NCCL's default. (A report's ``nccl``
-  entry compares the raw simulated times, one protocol, no base latency: the side table shows
-  which algorithm it names, ``report_best``.)
+- **NCCL's default**: the (algorithm, protocol) of least time in NCCL's own cost model
+  (:func:`flowride.runtime.nccl_tuning.estimates` with :data:`~flowride.runtime.nccl_tuning.IDENTITY`,
+  an estimate of NCCL's ``tuning.cc``): NCCL's own decision rule;
+- **flowride's pick**: the (algorithm, protocol) of least time in the same model corrected by the
+  calibration (``estimates(..., chosen.calibration)``), among the pairs NCCL's cost model offers
+  (:func:`choose`: the plugin passes over a row whose pair NCCL ignores for the call). Ties go to
+  NCCL's default.
 
-Neighbouring swept sizes with the same pair of choices merge into ranges that tile ``[0,
-SIZE_MAX]`` (:func:`tile`): the first starts at 0, each next one at the first swept size whose
-choice changed, and the last runs to ``2**64 - 1`` (strtoull's largest size_t, so messages above
-4 GiB, which the plugin README's ``4294967295`` would leave out, are covered); a message between
-two swept sizes gets the choice of the smaller one. A CSV row (:class:`TunerRow`) is written only
-for a range where the two choices differ; the others are written as ``# nccl-default`` comment
-lines, which the plugin skips and :func:`check_tuner_csv` reads to prove the tiling. Channels
-follow the model: a ring's channel count (one ring per channel, as flowride builds it); for an
-algorithm whose channels flowride does not model, the count NCCL's cost model assumes
-(:func:`nccl_channels`), never ``-1``, which the example plugin turns into one channel. nNodes
-and nRanks are the topology's hosts and GPUs, numPipeOps and regBuff ``-1`` (any).
+Both are timed in the calibrated model. The **gain** is ``t(default) / t(pick) - 1``; the
+**model error** at a size is the median ``|predicted/measured - 1|`` of the calibration's fit on
+the curves behind it near that size (:meth:`~flowride.runtime.defaults.Chosen.error_at`). A size
+is **written** only where the gain exceeds that error; where the error is unknown (no measured
+curve behind the calibration: a topology with no node type, ``--calibration nccl``) nothing is
+written: the calibrated times are NCCL's own there, or there is no basis. (Before, the pick came
+from the epoch simulator's model of NCCL's algorithms, :func:`flowride.synth.nccl.model_nccl`,
+which measured curves showed up to 2.7x off.)
 
-The side table (:meth:`TunerPlan.markdown`) lists every range, both choices, the modelled times
-of both in flowride's model and in NCCL's, and why the row was or was not written.
+Neighbouring swept sizes with the same final decision (a row with this pick, or NCCL's default
+with this pair) merge into ranges that tile ``[0, SIZE_MAX]`` (:func:`tile`): the first starts at
+0, each next one at the first swept size whose decision changed, and the last runs to ``2**64 - 1``
+(strtoull's largest size_t, so messages above 4 GiB, which the plugin README's ``4294967295``
+would leave out, are covered); a message between two swept sizes gets the decision of the smaller
+one. A CSV row (:class:`TunerRow`) is written for a range of written sizes; the others are
+``# nccl-default`` comment lines, which the plugin skips and :func:`check_tuner_csv` reads to
+prove the tiling. Channels: the count NCCL's cost model assumes (:func:`nccl_channels`), never
+``-1``, which the example plugin turns into one channel. nNodes and nRanks are the topology's
+hosts and GPUs, numPipeOps and regBuff ``-1`` (any).
 
-Only (algorithm, protocol) pairs NCCL's cost model offers are picked (:func:`choose`): the plugin
-passes over a row whose pair NCCL ignores for the call. :func:`apply_tuner_csv` applies a CSV to
-a plan's swept sizes the way the plugin does (:func:`~flowride.sweep.nccl_tuner_rules.match_row`)
-and times what runs against NCCL's default in both models (benchmarks/nccl_tuner_check.py).
+The side table (:meth:`TunerPlan.markdown`) names the calibration and the rule and lists every
+range and every swept size: both choices, their calibrated times, the gain, the model error,
+whether a row was written and why, and both choices' times in NCCL's own model.
+:func:`apply_tuner_csv` applies a CSV to a plan's swept sizes the way the plugin does
+(:func:`~flowride.sweep.nccl_tuner_rules.match_row`) and times what runs against NCCL's default
+in both models (benchmarks/nccl_tuner_check.py).
 """
 
 from __future__ import annotations
@@ -47,10 +51,11 @@ from pathlib import Path
 from flowride.collectives.demand import Collective
 from flowride.errors import InputError
 from flowride.files import check_output_file, write_text_atomic
+from flowride.runtime.defaults import Chosen, for_topology
 from flowride.runtime.nccl_tuning import (
-    BASE_LAT_US,
+    IDENTITY,
     NCCL_TUNING_SOURCE,
-    PROTOS,
+    Machine,
     assumed_channels,
     estimates,
 )
@@ -67,18 +72,22 @@ from flowride.sweep.nccl_tuner_rules import (
     parse_tuner_csv,
     plugin_channels,
 )
-from flowride.synth.nccl import machine, model_nccl
+from flowride.synth.nccl import machine
 from flowride.topology.model import Topology
 from flowride.units import format_size
 
 DEFAULT_COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 MODELLED = ("allgather", "reducescatter", "allreduce")  # the plugin's collectives flowride models
 TIE = 1e-9  # relative: a pick this close to NCCL's default is no reason for a row
+HOW = "calibrated model"
+RULE = ("a row only where the gain (NCCL's default over flowride's pick, both in the calibrated model, minus 1) exceeds the "
+        "model's error at that size: the median |predicted/measured - 1| of the calibration's fit near that size (within 4x) on "
+        "the measured curves behind it (the published ones, or yours for a profile); where that error is unknown, no row")
 
 
 @dataclass(frozen=True)
 class Choice:
-    """An algorithm and protocol spelled as the plugin parses them, and a channel count (-1: none modelled)."""
+    """An algorithm and protocol spelled as the plugin parses them, and a channel count (-1: none given)."""
 
     algorithm: str
     protocol: str
@@ -88,42 +97,71 @@ class Choice:
     def label(self) -> str:
         return f"{self.algorithm}/{self.protocol}" + (f" x{self.channels}" if self.channels > 0 else "")
 
+    @property
+    def pair(self) -> tuple[str, str]:
+        return self.algorithm, self.protocol
+
 
 @dataclass
 class SizeChoice:
-    """One collective at one swept size: flowride's pick and NCCL's default, each timed both ways."""
+    """One collective at one swept size: flowride's pick and NCCL's default, each timed in the
+    calibrated model and in NCCL's own, and the model's error there."""
 
     size: int
-    ours: Choice
-    ours_us: float  # flowride's model
-    ours_how: str  # simulated | recurrence | tuning model
-    nccl: Choice
-    nccl_us: float | None  # NCCL's default in flowride's model
-    nccl_est_us: float  # NCCL's default in NCCL's model
-    ours_est_us: float | None  # flowride's pick in NCCL's model
-    report_best: str = ""  # the algorithm a report's ``nccl`` entry names at this size (raw simulated times, no protocol)
-    # every (algorithm, protocol) flowride's model times here, spelled as the plugin parses them:
-    # (time in flowride's model, time in NCCL's model or None, channels)
+    ours: Choice  # flowride's pick: least calibrated time
+    ours_us: float  # calibrated
+    nccl: Choice  # NCCL's default: least time in NCCL's own model
+    nccl_us: float | None  # calibrated
+    nccl_est_us: float  # NCCL's default in NCCL's own model
+    ours_est_us: float | None  # flowride's pick in NCCL's own model
+    error: float | None = None  # the model's error at this size (None: unknown)
+    # every (algorithm, protocol) timed here, spelled as the plugin parses them:
+    # (calibrated time, time in NCCL's own model or None, channels)
     times: dict[tuple[str, str], tuple[float, float | None, int]] = field(default_factory=dict, repr=False)
     usable: frozenset[tuple[str, str]] = frozenset()  # the pairs NCCL's cost table offers (the rest it ignores)
+    how: str = HOW
 
     @property
     def differs(self) -> bool:
-        return (self.ours.algorithm, self.ours.protocol) != (self.nccl.algorithm, self.nccl.protocol)
-
-    @property
-    def key(self) -> tuple:
-        return self.ours, self.nccl
+        return self.ours.pair != self.nccl.pair
 
     @property
     def speedup(self) -> float | None:
-        """NCCL's default over flowride's pick, both in flowride's model (> 1: the pick is faster)."""
+        """NCCL's default over flowride's pick, both calibrated (> 1: the pick is faster)."""
         return self.nccl_us / self.ours_us if self.nccl_us and self.ours_us > 0 else None
 
     @property
+    def gain(self) -> float | None:
+        return None if self.speedup is None else self.speedup - 1
+
+    @property
+    def written(self) -> bool:
+        """A row here: the choices differ and the gain exceeds the model's error at this size."""
+        return self.differs and self.error is not None and self.gain is not None and self.gain > self.error
+
+    @property
+    def key(self) -> tuple:
+        """The final decision: a row with the pick, or NCCL's default with its pair."""
+        return ("row", self.ours) if self.written else ("default", self.nccl.pair)
+
+    @property
     def nccl_says(self) -> float | None:
-        """flowride's pick over NCCL's default, both in NCCL's model (> 1: NCCL thinks its own faster)."""
+        """flowride's pick over NCCL's default, both in NCCL's own model (> 1: NCCL thinks its own faster)."""
         return self.ours_est_us / self.nccl_est_us if self.ours_est_us and self.nccl_est_us > 0 else None
+
+    def reason(self) -> str:
+        if not self.differs:
+            return "same algorithm and protocol"
+        g = _pct(self.gain)
+        if self.written:
+            return f"gain {g} > the model's error {_pct(self.error)} at this size: row"
+        if self.error is None:
+            return f"gain {g}, but the model's error at this size is unknown (no measured curve behind the calibration): no row"
+        return f"gain {g} within the model's error {_pct(self.error)} at this size: NCCL's default kept"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 @dataclass
@@ -142,24 +180,50 @@ class TunerRange:
         return self.sizes[0].nccl
 
     @property
+    def written(self) -> bool:
+        return self.sizes[0].written
+
+    @property
     def differs(self) -> bool:
-        return self.sizes[0].differs
+        """The choices differ at some swept size of the range (written or not)."""
+        return any(s.differs for s in self.sizes)
+
+    def labels(self, which: str) -> str:
+        """The distinct picks (``ours``) or defaults (``nccl``) of the range's sizes."""
+        out: list[str] = []
+        for s in self.sizes:
+            lab = getattr(s, which).label
+            if lab not in out:
+                out.append(lab)
+        return ", ".join(out)
 
     def why(self) -> str:
         s = self.sizes
+        if self.written:
+            return (f"row: gain {_span([x.gain for x in s])} > the model's error {_span([x.error for x in s])} here"
+                    + _nccl_note(s))
         if not self.differs:
             return "same algorithm and protocol: NCCL's default kept (no row)"
-        sp = [x.speedup for x in s if x.speedup]
-        ns = [x.nccl_says for x in s if x.nccl_says]
-        how = s[0].ours_how
-        part = f"flowride's model ({how} {self.ours.algorithm}): {_span(sp)}x faster than NCCL's default" if sp else \
-            "flowride's model has no time for NCCL's default"
-        return part + (f"; NCCL's model: its default {_span(ns)}x faster" if ns else "")
+        diff = [x for x in s if x.differs]
+        if all(x.error is None for x in diff):
+            return (f"NCCL's default kept: flowride's pick gains {_span([x.gain for x in diff])} where it differs, but the model's "
+                    "error is unknown here (no measured curve behind the calibration)")
+        return (f"NCCL's default kept: gain {_span([x.gain for x in diff])} within the model's error "
+                f"{_span([x.error for x in diff])} at {'this size' if len(diff) == 1 else 'these sizes'}")
 
 
-def _span(xs: list[float]) -> str:
-    lo, hi = min(xs), max(xs)
-    return f"{lo:.2f}" if abs(hi - lo) < 0.005 else f"{lo:.2f}-{hi:.2f}"
+def _nccl_note(s: list[SizeChoice]) -> str:
+    ns = [x.nccl_says for x in s if x.nccl_says]
+    return f"; NCCL's own model: its default {_span(ns, pct=False)}x faster" if ns else ""
+
+
+def _span(xs: list[float | None], pct: bool = True) -> str:
+    vals = [x for x in xs if x is not None]
+    if not vals:
+        return "unknown"
+    lo, hi = min(vals), max(vals)
+    f = _pct if pct else (lambda v: f"{v:.2f}")
+    return f(lo) if f(lo) == f(hi) else f"{f(lo)}-{f(hi)}"
 
 
 def tile(sizes: Sequence[int], keys: Sequence, top: int = SIZE_MAX) -> list[tuple[int, int, int, int]]:
@@ -181,67 +245,57 @@ def tile(sizes: Sequence[int], keys: Sequence, top: int = SIZE_MAX) -> list[tupl
     return out
 
 
-def size_choice(topo: Topology, collective: Collective | str, size: int) -> SizeChoice:
+def tuner_calibration(topo: Topology, calibration: Chosen | str | None = None, network: str = "ib") -> Chosen:
+    """The calibration the tuner picks by: a :class:`Chosen` as given, else ``--calibration``'s
+    spec resolved for ``topo`` (:func:`flowride.runtime.defaults.for_topology`: the fitted
+    built-in for a fabric's node type, NCCL's own model for a topology with none, a profile file)."""
+    return calibration if isinstance(calibration, Chosen) else for_topology(topo, calibration, network)
+
+
+def size_choice(topo: Topology, collective: Collective | str, size: int, calibration: Chosen | str | None = None,
+                network: str = "ib", m: Machine | None = None) -> SizeChoice:
     """flowride's pick and NCCL's default for ``collective`` of ``size`` bytes (NCCL's nBytes: the
-    output for AllGather, the input for ReduceScatter, the buffer for AllReduce) on ``topo``."""
+    output for AllGather, the input for ReduceScatter, the buffer for AllReduce) on ``topo``, by
+    ``calibration`` (:func:`tuner_calibration`); ``m``: the topology's machine, if already read."""
     coll = collective if isinstance(collective, Collective) else Collective.parse(collective)
-    model = model_nccl(topo, coll, size)
-    m = machine(topo)
-    est = {(e.algorithm, e.protocol): e.time_us for e in estimates(coll, m, size)}
-    other_ch = nccl_channels(m.nodes, m.nics)
-    ours: dict[tuple[str, str], tuple[float, str, int]] = {}  # (algorithm, protocol) -> flowride time, how, channels
-    for name, md in model.algorithms.items():
-        mine = {k: t for k, t in est.items() if k[0] == name}
-        if md.how == "tuning model":
-            ours.update({k: (t, md.how, other_ch) for k, t in mine.items()})
-            continue
-        ch = md.channels if name == "ring" and md.channels > 0 else other_ch
-        if (name, "Simple") not in mine:
-            ours[(name, "Simple")] = (md.time_us, md.how, ch)
-            continue
-        simple = mine[(name, "Simple")] - _base(name, "Simple")
-        for (a, p), t in mine.items():  # the simulated movement stands for NCCL's Simple time less its base latency
-            factor = (t - _base(a, p)) / simple if simple > 0 else 1.0
-            ours[(a, p)] = (_base(a, p) + md.time_us * factor, md.how, ch)
-    if not est or not {k for k in ours if k[0] != "p2p"}:
+    chosen = tuner_calibration(topo, calibration, network)
+    m = m or machine(topo)
+    est = {(e.algorithm, e.protocol): e.time_us for e in estimates(coll, m, size, IDENTITY)}
+    if not {k for k in est if k[0] != "p2p"}:
         raise InputError("topology", f"{topo.name!r} gives NCCL's cost model no bandwidth to work with (no scale-up or NIC "
                          "links from a GPU)", "give a topology whose GPUs have links, e.g. -t dgx1")
-    return choose(size, ours, est, model.best.name)
+    cal = {(e.algorithm, e.protocol): e.time_us for e in estimates(coll, m, size, chosen.calibration)}
+    return choose(size, cal, est, nccl_channels(m.nodes, m.nics), chosen.error_at(size))
 
 
-def choose(size: int, ours: dict[tuple[str, str], tuple[float, str, int]], est: dict[tuple[str, str], float],
-           report_best: str = "") -> SizeChoice:
-    """Both choices at one size from the two models' times: ``ours`` (algorithm, protocol as
-    NCCL spells it) -> (time in flowride's model, how, channels), ``est`` the same -> time in
-    NCCL's model. NCCL's default: the least of ``est``. flowride's pick: the least of ``ours``
-    among the pairs NCCL can run (those in ``est``: the plugin passes over a row NCCL's cost table
-    ignores), NCCL's default on a tie (within :data:`TIE`)."""
-    known = {k: v for k, v in ours.items() if k in est}
+def choose(size: int, cal: dict[tuple[str, str], float], est: dict[tuple[str, str], float], channels: int,
+           error: float | None = None) -> SizeChoice:
+    """Both choices at one size from the two models' times, (algorithm, protocol as NCCL spells
+    it) -> us: ``cal`` the calibrated model, ``est`` NCCL's own. NCCL's default: the least of
+    ``est``. flowride's pick: the least of ``cal`` among the pairs NCCL can run (those in ``est``:
+    the plugin passes over a row NCCL's cost table ignores), NCCL's default on a tie (within
+    :data:`TIE`). ``channels``: what a row gives (:func:`nccl_channels`); ``error``: the model's
+    error at ``size`` (the gate of :attr:`SizeChoice.written`)."""
+    if not est:
+        raise InputError("topology", "NCCL's cost model offers no algorithm here", "give a topology whose GPUs have links, e.g. -t dgx1")
     default = min(est, key=lambda k: est[k])
+    known = {k: v for k, v in cal.items() if k in est}
     if not known:
-        raise InputError("topology", "flowride's model times none of the algorithms NCCL's cost model offers here",
+        raise InputError("topology", "the calibrated model times none of the algorithms NCCL's cost model offers here",
                          "give a topology whose GPUs have links, e.g. -t dgx1")
-    best = min(known, key=lambda k: known[k][0])
-    if default in known and known[default][0] <= known[best][0] * (1 + TIE):
+    best = min(known, key=lambda k: known[k])
+    if default in known and known[default] <= known[best] * (1 + TIE):
         best = default
-    t, how, ch = known[best]
-    times = {(a, p.lower()): (v[0], est.get((a, p)), v[2]) for (a, p), v in ours.items()}
-    return SizeChoice(size, Choice(best[0], best[1].lower(), ch), t, how, Choice(default[0], default[1].lower()),
-                      known[default][0] if default in known else None, est[default], est.get(best), report_best, times,
-                      frozenset((a, p.lower()) for a, p in est))
+    times = {(a, p.lower()): (t, est.get((a, p)), channels) for (a, p), t in cal.items()}
+    return SizeChoice(size, Choice(best[0], best[1].lower(), channels), known[best], Choice(default[0], default[1].lower()),
+                      known.get(default), est[default], est.get(best), error, times, frozenset((a, p.lower()) for a, p in est))
 
 
 def nccl_channels(nodes: int, nics: int) -> int:
     """The channel count NCCL's cost model assumes (:func:`flowride.runtime.nccl_tuning.estimates`:
-    one per NIC across nodes, 12 within one), written for algorithms whose channels flowride does
-    not model. Not -1: the example plugin starts every call at 1 channel and keeps that for a row
-    of -1 (see :mod:`.nccl_tuner_rules`)."""
+    one per NIC across nodes, 12 within one), the count every row gives. Not -1: the example
+    plugin starts every call at 1 channel and keeps that for a row of -1 (see :mod:`.nccl_tuner_rules`)."""
     return assumed_channels(nodes, nics)
-
-
-def _base(algorithm: str, protocol: str) -> float:
-    """NCCL's base latency of an algorithm and protocol (us): the launch and set-up the simulator leaves out."""
-    return BASE_LAT_US.get(algorithm, (0.0, 0.0, 0.0))[PROTOS.index(protocol)]
 
 
 @dataclass
@@ -252,31 +306,35 @@ class TunerPlan:
     collectives: list[str]
     sizes: list[int]
     ranges: list[TunerRange] = field(default_factory=list)
-    # a row for every range, NCCL's default pair written out where the two agree (with the channels
-    # flowride's model gives it): the example plugin runs a call that no row matches on one channel
+    # a row for every range, NCCL's default pair written out where no row is (at NCCL's assumed
+    # channels): the example plugin runs a call that no row matches on one channel
     every_range: bool = False
-    default_channels: int = 1  # NCCL's assumed channels (:func:`nccl_channels`), for a default pair flowride does not time
+    default_channels: int = 1  # NCCL's assumed channels (:func:`nccl_channels`)
+    calibration: str = "NCCL's own model"  # the calibration's name (:attr:`Chosen.name`)
+    fitted_on: tuple[str, ...] = ()  # the curves behind it
+    borrowed: str | None = None  # the node type whose figures stand in, when not the topology's
 
     def add(self, collective: str, picks: Sequence[SizeChoice]) -> None:
-        """One collective's choices, one per swept size in ascending order, merged into ranges (:func:`tile`)."""
+        """One collective's choices, one per swept size in ascending order, merged by the final
+        decision into ranges (:func:`tile`)."""
         for lo, hi, a, b in tile([p.size for p in picks], [p.key for p in picks]):
             self.ranges.append(TunerRange(collective, lo, hi, list(picks[a:b + 1])))
 
     def _row(self, r: TunerRange) -> TunerRow:
-        if r.differs:
-            return TunerRow(r.collective, r.min_bytes, r.max_bytes, r.ours.algorithm, r.ours.protocol, r.ours.channels,
-                            self.nodes, self.gpus)
-        got = r.sizes[0].times.get((r.nccl.algorithm, r.nccl.protocol))
-        ch = got[2] if got is not None and got[2] > 0 else self.default_channels
-        return TunerRow(r.collective, r.min_bytes, r.max_bytes, r.nccl.algorithm, r.nccl.protocol, ch, self.nodes, self.gpus)
+        c = r.ours if r.written else Choice(r.nccl.algorithm, r.nccl.protocol, self.default_channels)
+        return TunerRow(r.collective, r.min_bytes, r.max_bytes, c.algorithm, c.protocol, c.channels, self.nodes, self.gpus)
 
     @property
     def rows(self) -> list[TunerRow]:
-        return [self._row(r) for r in self.ranges if r.differs or self.every_range]
+        return [self._row(r) for r in self.ranges if r.written or self.every_range]
 
     def disagreements(self, collective: str) -> int:
-        """Swept sizes of ``collective`` where the two choices differ."""
+        """Swept sizes of ``collective`` where the two choices differ (written or not)."""
         return sum(s.differs for r in self.ranges if r.collective == collective for s in r.sizes)
+
+    def written_sizes(self, collective: str) -> int:
+        """Swept sizes of ``collective`` a row covers (the choices differ by more than the model's error)."""
+        return sum(s.written for r in self.ranges if r.collective == collective for s in r.sizes)
 
     def csv(self, side_table: str = "") -> str:
         """The file for ``NCCL_TUNER_CONFIG_FILE``: comments, then per collective its rows and its
@@ -284,14 +342,16 @@ class TunerPlan:
         lines = [f"# flowride export --nccl-tuner: {self.topology}, {self.gpus} ranks on {self.nodes} node(s)",
                  "# for NCCL's example tuner plugin (NCCL_TUNER_PLUGIN, NCCL_TUNER_CONFIG_FILE); docs/nccl_tuner.md",
                  "# " + ",".join(COLUMNS),
-                 "# a row: where flowride's model of NCCL's algorithms picks otherwise than NCCL's own cost model",
+                 "# a row: where the calibrated model of NCCL picks otherwise than NCCL's own cost model, by more than the "
+                 "model's error at that size",
+                 _one_line(f"# calibration: {self.calibration}"),
                  f"# ranges left to NCCL's default: the '{DEFAULT_TAG.strip()}...' comments (the plugin skips them)"]
         if side_table:
-            lines.append(f"# why each range: {side_table}"[:200])
+            lines.append(_one_line(f"# why each range: {side_table}"))
         if self.every_range:
             lines.append("# --every-range: NCCL's default written out too, so no call falls to the plugin's one-channel default")
         for r in self.ranges:
-            if r.differs or self.every_range:
+            if r.written or self.every_range:
                 lines.append(self._row(r).line())
             else:
                 lines.append(Kept(r.collective, r.min_bytes, r.max_bytes, self.nodes, self.gpus, r.nccl.algorithm,
@@ -299,44 +359,49 @@ class TunerPlan:
         return "\n".join(lines) + "\n"
 
     COLUMNS = ("collective", "bytes (min..max)", "swept sizes", "flowride's pick", "NCCL's default", "pick (us)", "default (us)",
-               "row", "why")
+               "gain", "model error", "row", "why")
 
     def table_rows(self) -> list[tuple[str, ...]]:
         """One row of :attr:`COLUMNS` per range: what the side table and the CLI both show. Times
-        are flowride's model at the range's first and last swept size."""
+        are the calibrated model's at the range's first and last swept size."""
         out = []
         for r in self.ranges:
             a, b = r.sizes[0], r.sizes[-1]
             hi = "max" if r.max_bytes == SIZE_MAX else f"{r.max_bytes:,}"
             pick = _us(a.ours_us) if a is b else f"{_us(a.ours_us)}..{_us(b.ours_us)}"
             dflt = _us(a.nccl_us) if a is b else f"{_us(a.nccl_us)}..{_us(b.nccl_us)}"
-            out.append((r.collective, f"{r.min_bytes:,}..{hi}", _sizes(r), r.ours.label, r.nccl.label, pick, dflt,
-                        "yes" if r.differs else "no", r.why()))
+            out.append((r.collective, f"{r.min_bytes:,}..{hi}", _sizes(r), r.labels("ours"), r.labels("nccl"), pick, dflt,
+                        _span([s.gain for s in r.sizes]), _span([s.error for s in r.sizes]), "yes" if r.written else "no",
+                        r.why()))
         return out
 
     def markdown(self, csv_name: str = "") -> str:
+        fitted = ", ".join(self.fitted_on) if self.fitted_on else "none (no measured curve: the model's error is unknown)"
         lines = [f"# NCCL tuner overrides for {self.topology} ({self.gpus} ranks, {self.nodes} node(s))", "",
-                 f"CSV: `{csv_name or 'the file'}`, read by NCCL's example tuner plugin ({PLUGIN_SOURCE}). One row per range "
-                 "where flowride's pick differs from NCCL's default; `max` is 18446744073709551615.", "",
+                 f"CSV: `{csv_name or 'the file'}`, read by NCCL's example tuner plugin ({PLUGIN_SOURCE}); `max` is "
+                 "18446744073709551615.", "",
+                 f"Calibration: **{self.calibration}**; fitted on: {fitted}."
+                 + (f" This node type has no measured curve: the figures of {self.borrowed} stand in." if self.borrowed else ""), "",
+                 f"Rule: {RULE}. NCCL's default: the least time in NCCL's own cost model ({NCCL_TUNING_SOURCE}, as flowride "
+                 "reads it off the topology), NCCL's own decision. flowride's pick: the least time in that model corrected by "
+                 "the calibration, among the pairs NCCL offers for the call. Both timed in the calibrated model; gain: "
+                 "t(default) / t(pick) - 1. Channels: the count NCCL's cost model assumes (never -1: the example plugin makes "
+                 "that one channel). A size between two swept sizes gets the decision of the smaller.", "",
                  "| " + " | ".join(self.COLUMNS) + " |", "|" + "---|" * len(self.COLUMNS)]
         lines += ["| " + " | ".join(row) + " |" for row in self.table_rows()]
         lines += ["", "## Per swept size", "",
-                  "| collective | size | flowride's pick | how | pick (us) | NCCL's default | default (us) | speedup | "
-                  "NCCL's model: pick (us) | NCCL's model: default (us) | report's nccl |", "|" + "---|" * 11]
+                  "| collective | size | flowride's pick | NCCL's default | pick (us) | default (us) | gain | model error | row | "
+                  "why | NCCL's own model: pick (us) | NCCL's own model: default (us) |", "|" + "---|" * 12]
         for r in self.ranges:
             for s in r.sizes:
-                lines.append(f"| {r.collective} | {s.size:,} | {s.ours.label} | {s.ours_how} | {s.ours_us:.2f} | {s.nccl.label} | "
-                             f"{_us(s.nccl_us)} | {_us(s.speedup)} | {_us(s.ours_est_us)} | {s.nccl_est_us:.2f} | {s.report_best} |")
-        lines += ["", "NCCL's default: the least time in NCCL's own cost model as flowride reads it off the topology "
-                      f"({NCCL_TUNING_SOURCE}). flowride's pick: the least time in flowride's model of NCCL's algorithms "
-                      "(ring, PAT, NVLS simulated as schedules; tree and NVLS-tree by NCCL's estimate). A simulated algorithm's "
-                      "time under a protocol: NCCL's base latency for it plus the simulated time scaled by NCCL's own ratio of "
-                      "that protocol's time to Simple's (base latencies left out of both). Speedup: NCCL's default over "
-                      "the pick, both in flowride's model. report's nccl: the algorithm a synth report's nccl entry names (raw "
-                      "simulated times). A size between two swept sizes gets the choice of the smaller. Channels: a ring's "
-                      "count in flowride's model; other algorithms the count NCCL's cost model assumes (never -1: the example "
-                      "plugin makes that one channel).", ""]
-        return "\n".join(lines)
+                lines.append(f"| {r.collective} | {s.size:,} | {s.ours.label} | {s.nccl.label} | {s.ours_us:.2f} | "
+                             f"{_us(s.nccl_us)} | {_pct(s.gain)} | {_pct(s.error)} | {'yes' if s.written else 'no'} | "
+                             f"{s.reason()} | {_us(s.ours_est_us)} | {s.nccl_est_us:.2f} |")
+        return "\n".join(lines + [""])
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    return " ".join(text.split())[:limit]
 
 
 def _us(v: float | None) -> str:
@@ -372,23 +437,27 @@ def tuner_collectives(collectives: Sequence[str] | str | None) -> list[str]:
 
 
 def plan_tuner(topo: Topology, collectives: Sequence[str] | str | None, sizes: Sequence[int],
-               progress: Callable[[dict], None] | None = None, every_range: bool = False) -> TunerPlan:
-    """Both choices at every size of every collective, merged into ranges (:func:`tile`);
-    ``every_range``: a row for the ranges where they agree too (:attr:`TunerPlan.every_range`)."""
+               progress: Callable[[dict], None] | None = None, every_range: bool = False,
+               calibration: Chosen | str | None = None, network: str = "ib") -> TunerPlan:
+    """Both choices at every size of every collective by ``calibration`` (:func:`tuner_calibration`),
+    merged into ranges (:func:`tile`); ``every_range``: a row for the ranges left to NCCL's default
+    too (:attr:`TunerPlan.every_range`)."""
     colls = tuner_collectives(collectives)
     ss = sorted(set(int(s) for s in sizes))
     if not ss or ss[0] < 1:
         raise InputError("sizes", "none given, or one below 1 byte", "give e.g. 1KB:1GB:x2")
+    chosen = tuner_calibration(topo, calibration, network)
     m = machine(topo)
     plan = TunerPlan(topo.name, m.ranks, m.nodes, colls, ss, every_range=every_range,
-                     default_channels=nccl_channels(m.nodes, m.nics))
+                     default_channels=nccl_channels(m.nodes, m.nics), calibration=chosen.name, fitted_on=tuple(chosen.fitted_on),
+                     borrowed=chosen.borrowed)
     for ci, coll in enumerate(colls):
         picks = []
         for i, s in enumerate(ss):
             if progress:
                 progress({"stage": "size", "i": i + 1, "of": len(ss), "size": s, "candidate": coll, "candidate_i": ci + 1,
                           "candidates": len(colls)})
-            picks.append(size_choice(topo, coll, s))
+            picks.append(size_choice(topo, coll, s, chosen, m=m))
         plan.add(coll, picks)
     return plan
 
@@ -413,13 +482,15 @@ def write_tuner(plan: TunerPlan, path: str | Path) -> tuple[Path, Path]:
 
 
 def export_nccl_tuner(topo: Topology, collectives: Sequence[str] | str | None, sizes: Sequence[int], path: str | Path,
-                      progress: Callable[[dict], None] | None = None, every_range: bool = False) -> TunerPlan:
-    """The one call behind ``flowride export --nccl-tuner FILE``: the collectives and both output
-    paths checked before any modelling, then :func:`plan_tuner` and :func:`write_tuner`."""
+                      progress: Callable[[dict], None] | None = None, every_range: bool = False,
+                      calibration: Chosen | str | None = None, network: str = "ib") -> TunerPlan:
+    """The one call behind ``flowride export --nccl-tuner FILE``: the collectives, the calibration
+    and both output paths checked before any modelling, then :func:`plan_tuner` and :func:`write_tuner`."""
     tuner_collectives(collectives)
+    chosen = tuner_calibration(topo, calibration, network)
     check_output_file(path, "nccl_tuner")
     check_output_file(side_table_path(path), "nccl_tuner")
-    plan = plan_tuner(topo, collectives, sizes, progress, every_range)
+    plan = plan_tuner(topo, collectives, sizes, progress, every_range, chosen)
     write_tuner(plan, path)
     return plan
 
@@ -429,26 +500,27 @@ class Applied:
     """One collective at one swept size with a tuner CSV applied the way the example plugin applies
     it (:func:`flowride.sweep.nccl_tuner_rules.match_row`): the row that matched (None: NCCL's
     default stands), the choice that runs, and both times of it and of NCCL's default in both
-    models. ``us`` is None where flowride's model has no time for the choice as the row gives it
-    (an algorithm it does not time, or another channel count than the one it timed)."""
+    models (the calibrated one and NCCL's own). ``us`` is None where the plan has no time for the
+    choice as the row gives it (an algorithm NCCL does not offer there, or another channel count
+    than the one timed)."""
 
     collective: str
     size: int
     row: TunerRow | None
     choice: Choice
-    us: float | None  # the applied choice, flowride's model
-    default_us: float | None  # NCCL's default, flowride's model
-    est_us: float | None  # the applied choice, NCCL's model
-    default_est_us: float  # NCCL's default, NCCL's model
+    us: float | None  # the applied choice, calibrated
+    default_us: float | None  # NCCL's default, calibrated
+    est_us: float | None  # the applied choice, NCCL's own model
+    default_est_us: float  # NCCL's default, NCCL's own model
 
     @property
     def ratio(self) -> float | None:
-        """Applied over default in flowride's model (<= 1: the CSV costs nothing here)."""
+        """Applied over default in the calibrated model (<= 1: the CSV costs nothing here)."""
         return self.us / self.default_us if self.us is not None and self.default_us else None
 
     @property
     def est_ratio(self) -> float | None:
-        """Applied over default in NCCL's model (>= 1 by definition: the default is its least)."""
+        """Applied over default in NCCL's own model (>= 1 by definition: the default is its least)."""
         return self.est_us / self.default_est_us if self.est_us is not None and self.default_est_us > 0 else None
 
 

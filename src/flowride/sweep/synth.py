@@ -9,7 +9,9 @@ the A* windows and the MILP are skipped. Sizes run smallest first. Reductions (R
 AllReduce) are built from AllGathers inside :mod:`flowride.api` and run cold.
 
 The rows carry nccl-tests' columns (:mod:`flowride.schedule.metrics`) with modelled times, so a
-synthesized sweep reads like a measured one (:mod:`flowride.comm.sweep`).
+synthesized sweep reads like a measured one (:mod:`flowride.comm.sweep`), and the report's
+headline per size: NCCL's calibrated prediction, its model error, the schedule priced as the
+runtime runs it and the speedup of the one over the other (:mod:`flowride.api.priced`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class SweepPoint:
         """nccl-tests' columns (modelled time) and the synthesis' own: bound, ratio, epochs, method."""
         rep = self.outcome.report()
         coll, n, size = rep["collective"], rep["gpus"], self.size_bytes
+        pred = rep["nccl_predicted"]
         return {
             "size": size, "count": nccl_count(coll, n, size), "type": ELEMENT_TYPE, "redop": redop(coll),
             "time_us": rep["finish_time_us"], "algbw_GBps": rep["algbw_GBps"],
@@ -59,8 +62,15 @@ class SweepPoint:
             "lower_bound_us": rep["lower_bound_us"], "ratio_to_lower_bound": rep["ratio_to_lower_bound"],
             "epochs": rep["epochs"], "epoch_lower_bound": rep["epoch_lower_bound"], "chunks": rep["chunks"],
             "method": rep["method"], "status": rep["status"], "warm_start": self.warm, "warm_start_won": self.warm_won,
-            "nccl_us": rep["nccl"]["best_us"] if rep["nccl"] else None, "nccl_best": rep["nccl"]["best"] if rep["nccl"] else None,
+            # the headline: NCCL's calibrated prediction and this schedule priced as the runtime runs it
+            "runtime_us": rep["runtime_us"], "runtime_protocol": rep["runtime_protocol"],
+            "nccl_us": pred["time_us"] if pred else None,
+            "nccl_best": f"{pred['algorithm']}/{pred['protocol']}" if pred else None,
+            "model_error": pred["model_error"] if pred else None,
             "speedup_vs_nccl": rep["speedup_vs_nccl"],
+            # detail: NCCL's algorithms in the epoch model
+            "nccl_epoch_model_us": rep["nccl"]["best_us"] if rep["nccl"] else None,
+            "nccl_epoch_model_best": rep["nccl"]["best"] if rep["nccl"] else None,
             "seconds": self.seconds, "requested": self.requested,
         }
 
@@ -92,12 +102,14 @@ def sweep_files(topo: Topology, collective: Collective | str, sizes: list[int], 
 
 def synthesize_sweep(topo: Topology, collective: Collective | str, sizes: list[int], chunks: int | str = 1,
                      opts: SynthOptions | None = None, progress: Progress | None = None,
-                     warm_start: bool = True, nccl: bool = True) -> list[SweepPoint]:
+                     warm_start: bool = True, nccl: bool = True, calibration=None) -> list[SweepPoint]:
     """Synthesize ``collective`` on ``topo`` at every size (rounded: :func:`sweep_sizes_for`),
     smallest first, each size's search given the previous size's schedule, retimed, as an
     incumbent (``warm_start``). ``opts.time_limit`` holds per size. ``progress`` receives
     ``{"stage": "size", "i", "of", "size", "chunks", "warm"}`` before each size, then that
-    synthesis' own events. ``nccl``: model NCCL's algorithms at each size (the rows' NCCL columns)."""
+    synthesis' own events. ``nccl``: model NCCL's algorithms at each size and predict NCCL's time
+    by the calibrated model (``calibration``, as :func:`flowride.api.synthesize` takes it; the
+    rows' NCCL columns)."""
     coll = collective if isinstance(collective, Collective) else Collective.parse(collective)
     opts = opts or SynthOptions()
     plan = sweep_sizes_for(topo, sizes, chunks)
@@ -108,7 +120,7 @@ def synthesize_sweep(topo: Topology, collective: Collective | str, sizes: list[i
         if progress:
             progress({"stage": "size", "i": i + 1, "of": len(plan), "size": size, "chunks": chunks, "warm": bool(warm)})
         t0 = time.perf_counter()
-        out = synthesize_with(topo, coll, size, chunks, opts, progress, warm=warm, nccl=nccl)
+        out = synthesize_with(topo, coll, size, chunks, opts, progress, warm=warm, nccl=nccl, calibration=calibration)
         points.append(SweepPoint(size, asked, out, bool(warm), time.perf_counter() - t0))
         prev = out
     return points

@@ -213,6 +213,7 @@ class Modelled:
 class NcclModel:
     algorithms: dict[str, Modelled]
     tuning: dict[str, Estimate]
+    notes: list[str] = field(default_factory=list)  # an algorithm's schedule left out, and why
 
     @property
     def best(self) -> Modelled:
@@ -227,6 +228,7 @@ class NcclModel:
             "how": {k: m.how for k, m in self.algorithms.items()},
             "chunks": {k: m.chunks for k, m in self.algorithms.items() if m.chunks},
             "channels": {k: m.channels for k, m in self.algorithms.items() if m.channels},
+            "notes": list(self.notes),
             "tuning": {"source": NCCL_TUNING_SOURCE, "algorithms": {k: e.time_us for k, e in self.tuning.items()},
                        "protocols": {k: e.protocol for k, e in self.tuning.items()},
                        "best": tb.algorithm if tb else None, "best_us": tb.time_us if tb else None},
@@ -292,6 +294,11 @@ def model_nccl(topo: Topology, collective: Collective | str, size_bytes: int, ti
     n = len(topo.gpus)
     block = size_bytes / topo.buffer_ranks
     out: dict[str, Modelled] = {}
+    # PAT's doubling routes on a Clos can carry one chunk between two switches both ways within
+    # one epoch (zero-delay hops: 2 x 16 x dgx-h100 on a 2:1 Clos, one GPU per node, 1 GB); the
+    # simulator rejects that schedule, and whether the builder or the check is at fault is not yet
+    # settled. Rather than fail the whole report, PAT's time then falls back to NCCL's estimate.
+    notes: list[str] = []
     m = machine(topo)
     tuning = best_per_algorithm(coll, m, size_bytes)
     if coll is Collective.ALLTOALL:
@@ -324,11 +331,14 @@ def model_nccl(topo: Topology, collective: Collective | str, size_bytes: int, ti
         if coll in (Collective.ALLGATHER, Collective.REDUCESCATTER) and len(hs) > 1 and all(len(h.gpus) == 1 for h in hs) \
                 and affords(2 * n * n):
             c = _fit_budget(max(1, math.ceil(block / PIPE_BYTES)), 1, n * n * 2)
-            out["pat"] = _timed(topo, coll, size_bytes, c, _reduction(coll, doubling_allgather), "pat")
+            try:
+                out["pat"] = _timed(topo, coll, size_bytes, c, _reduction(coll, doubling_allgather), "pat")
+            except AssertionError as e:  # a known gap: the simulator's order within an epoch (see below)
+                notes.append(f"pat: its schedule was left out and NCCL's own estimate stands in ({e})")
     for name, e in tuning.items():
         if name not in out:  # not expressible in the IR: NCCL's own estimate stands in
             out[name] = Modelled(name, e.time_us, "tuning model", protocol=e.protocol)
-    return NcclModel(out, tuning)
+    return NcclModel(out, tuning, notes)
 
 
 def _reduction(coll: Collective, build_ag):

@@ -1,10 +1,10 @@
 """A flowride schedule priced as a runtime would run it, with the costs the calibrated model of
 NCCL charges NCCL's own algorithms (:mod:`flowride.runtime`).
 
-An exported schedule runs inside NCCL's runtime (MSCCL) or one like it (MSCCL++): each send is a
-step of a protocol, so it pays that protocol's per-step latency (NCCL's ``hwLat`` for a hop
-inside a node or through the network proxy, scaled by the calibration) instead of the link's
-bare alpha, and moves bytes at what the link sustains under that protocol (the bandwidth NCCL
+An exported schedule runs inside NCCL's runtime (MSCCL) or one like it (MSCCL++): each GPU's send
+to another GPU is a step of a protocol, so it pays that protocol's per-step latency once (NCCL's
+``hwLat`` for a hop inside a node or through the network proxy, scaled by the calibration; the
+switches it passes add none) instead of the links' bare alphas, and moves bytes at what the link sustains under that protocol (the bandwidth NCCL
 counts per NVLink or NIC, scaled by the calibration; LL carries half, LL128 0.92 of it) instead
 of its line rate; the call pays the runtime's base latency and floors once. The schedule keeps
 its routes, copies and order: it is retimed onto those link figures
@@ -56,7 +56,9 @@ def crosses(topo: Topology, link: Link) -> bool:
 
 
 def runtime_links(topo: Topology, cal: Calibration, protocol: str, arch: str = "hopper") -> list[Link]:
-    """Each link at what it sustains under ``protocol`` and with the protocol's per-step latency."""
+    """Each link at what it sustains under ``protocol``; a link out of a GPU carries the protocol's
+    per-step latency for its hop kind, a link out of a switch none: a step is one GPU's send to
+    another, whatever switches it passes (NCCL's ``hwLat`` is per step, not per cable)."""
     p = PROTOS.index(protocol)
     per_link = NVLINK_PER_LINK.get(arch, NVLINK_PER_LINK["hopper"]) / NVLINK_NOMINAL.get(arch, NVLINK_NOMINAL["hopper"])
     out = []
@@ -64,7 +66,7 @@ def runtime_links(topo: Topology, cal: Calibration, protocol: str, arch: str = "
         net = crosses(topo, lk)
         bw = lk.bandwidth_GBps * (cal.bw_net if net else per_link * cal.bw_intra) * PROTOCOL_SHARE[protocol]
         lat = HW_LAT_US["net" if net else "nvlink"]["ring"][p] * (cal.lat_net if net else cal.lat_intra)
-        out.append(Link(lk.src, lk.dst, bw, lat * 1e-6))
+        out.append(Link(lk.src, lk.dst, bw, lat * 1e-6 if topo.nodes[lk.src].is_gpu else 0.0))
     return out
 
 

@@ -202,6 +202,16 @@ class Topology:
         everything = frozenset(range(self.num_nodes))
         return [s for members in groups.values() for s in (members, everything - members)]
 
+    def symmetric(self) -> bool:
+        """Every link has a way back with the same bandwidth and latency (then the reversed
+        topology is this one, its links listed in another order)."""
+        idx = self.link_index
+        for lk in self.links:
+            back = idx.get((lk.dst, lk.src))
+            if back is None or (self.links[back].bandwidth_GBps, self.links[back].alpha_s) != (lk.bandwidth_GBps, lk.alpha_s):
+                return False
+        return True
+
     def reversed(self) -> Topology:
         """Every link turned around (same bandwidth and latency). A ReduceScatter on this topology
         is an AllGather on its reverse run backwards in time, so reductions are synthesized there."""
