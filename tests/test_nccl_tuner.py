@@ -118,7 +118,7 @@ def _sc(size: int, ours: tuple[str, str], nccl: tuple[str, str], gain: float, er
                           st.one_of(st.none(), st.floats(0, 0.5))), min_size=1, max_size=30))
 def test_written_csv_passes_the_checker_and_a_row_is_exactly_where_gain_beats_error(points):
     sizes = [2**k for k in range(len(points))]
-    plan = TunerPlan("t", 16, 2, ["allreduce"], sizes)
+    plan = TunerPlan("t", 16, 2, ["allreduce"], sizes, every_range=False)
     picks = [_sc(s, *p) for s, p in zip(sizes, points, strict=True)]
     plan.add("allreduce", picks)
     text = plan.csv("t.md")
@@ -140,7 +140,7 @@ def test_ranges_merge_by_the_final_decision_and_say_why():
     picks = [_sc(1, ring_ll, ring_ll, 0.0, 0.1), _sc(2, tree_ll, ring_ll, 0.05, 0.1),  # differs, within the error: kept
              _sc(3, tree_ll, ring_ll, 0.5, 0.1), _sc(4, tree_ll, ring_ll128, 0.3, 0.2),  # a row, though NCCL's default changes
              _sc(5, tree_ll, ring_ll128, 0.3, None), _sc(6, ring_ll128, ring_ll128, 0.0, 0.1)]  # unknown error: kept
-    plan = TunerPlan("t", 8, 1, ["allreduce"], [1, 2, 3, 4, 5, 6], calibration="fitted: test")
+    plan = TunerPlan("t", 8, 1, ["allreduce"], [1, 2, 3, 4, 5, 6], calibration="fitted: test", every_range=False)
     plan.add("allreduce", picks)
     assert [(r.min_bytes, r.max_bytes, r.written) for r in plan.ranges] == [(0, 2, False), (3, 4, True), (5, SIZE_MAX, False)]
     assert [r.line() for r in plan.rows] == ["allreduce,3,4,tree,ll,8,1,8,-1,-1"]
@@ -164,7 +164,8 @@ def _check_plan(plan: TunerPlan) -> None:
         assert rs[0].min_bytes == 0 and rs[-1].max_bytes == SIZE_MAX
         assert all(b.min_bytes == a.max_bytes + 1 for a, b in zip(rs, rs[1:], strict=False))
         assert sorted(s.size for r in rs for s in r.sizes) == plan.sizes
-    assert len(plan.rows) == sum(r.written for r in plan.ranges)
+    assert len(plan.overrides) == sum(r.written for r in plan.ranges)
+    assert len(plan.rows) == (len(plan.ranges) if plan.every_range else len(plan.overrides))
     for row in plan.rows:
         assert row.collective in COLLECTIVES and row.algorithm in ALGORITHMS and row.protocol in PROTOCOLS
         assert (row.nnodes, row.nranks, row.num_pipe_ops, row.reg_buff) == (plan.nodes, plan.gpus, -1, -1)
@@ -192,11 +193,13 @@ def test_fabric_default_is_nccls_rule_pick_is_calibrated_and_a_row_needs_gain_ab
     held = [(r, s) for r, s in _sizes(fabric_plan) if s.differs and not s.written]
     assert written and held
     lines = fabric_plan.csv().splitlines()
+    gaps = replace(fabric_plan, every_range=False).csv().splitlines()
     md = fabric_plan.markdown()
     for r, s in written:  # its range is a row naming the pick
         assert r.written and f"{r.collective},{r.min_bytes},{r.max_bytes},{s.ours.algorithm},{s.ours.protocol},8,2,16,-1,-1" in lines
-    for r, s in held:  # NCCL's default, and the side table says why
-        assert not r.written and any(ln.startswith(f"# nccl-default,{r.collective},{r.min_bytes},") for ln in lines)
+    for r, s in held:  # NCCL's default (a row of it, or with --gaps a comment), and the side table says why
+        assert not r.written and f"{r.collective},{r.min_bytes},{r.max_bytes},{s.nccl.algorithm},{s.nccl.protocol},8,2,16,-1,-1" in lines
+        assert any(ln.startswith(f"# nccl-default,{r.collective},{r.min_bytes},") for ln in gaps)
         assert f"gain {100 * s.gain:.1f}% within the model's error {100 * s.error:.1f}% at this size" in md
 
 
@@ -213,15 +216,15 @@ def test_no_rows_without_a_measured_error(fabric, dgx1_plan):
     """``--calibration nccl`` is NCCL's own model: the choices agree and there is no error to beat;
     a topology with no node type (dgx1) gets NCCL's own model too."""
     nccl = plan_tuner(fabric, None, SIZES, calibration="nccl")
-    assert nccl.rows == [] and nccl.calibration == "NCCL's own model (uncorrected)"
+    assert nccl.overrides == [] and nccl.calibration == "NCCL's own model (uncorrected)"
     assert all(not s.differs and s.error is None for _, s in _sizes(nccl))
     _check_plan(dgx1_plan)
-    assert dgx1_plan.rows == [] and dgx1_plan.calibration.startswith("NCCL's own model")
+    assert dgx1_plan.overrides == [] and dgx1_plan.calibration.startswith("NCCL's own model")
     assert all(s.error is None and not s.written for _, s in _sizes(dgx1_plan))
     # a calibration that differs from NCCL's but whose error is unknown writes nothing either
     blind = replace(for_topology(fabric), errors=())
     plan = plan_tuner(fabric, None, SIZES, calibration=blind)
-    assert plan.rows == [] and any(s.differs for _, s in _sizes(plan))
+    assert plan.overrides == [] and any(s.differs for _, s in _sizes(plan))
     assert "error is unknown" in plan.markdown()
 
 
@@ -229,7 +232,7 @@ def test_a_smaller_error_lets_more_rows_through(fabric, fabric_plan):
     chosen = for_topology(fabric)
     tight = plan_tuner(fabric, None, SIZES, calibration=_with_error(chosen, 0.01))
     loose = plan_tuner(fabric, None, SIZES, calibration=_with_error(chosen, 10.0))
-    assert loose.rows == [] and len(tight.rows) > len(fabric_plan.rows)
+    assert loose.overrides == [] and len(tight.overrides) > len(fabric_plan.overrides)
     for plan in (tight, loose):
         _check_plan(plan)
         for _, s in _sizes(plan):
@@ -330,22 +333,28 @@ def test_cli_export_with_a_calibration_profile(tmp_path):
     md = (tmp_path / "tuner.csv.md").read_text()
     assert f"Calibration: **profile {prof}**; fitted on: mine.log" in md and RULE in md
     plan = plan_tuner(build_fabric("dgx-h100", 2), "allreduce,allgather", SIZES, calibration=str(prof))
-    assert [r for _, r in rows] == plan.rows
+    assert [r for _, r in rows] == plan.rows and len(plan.rows) == len(plan.ranges)  # by default a row for every range
     assert all(s.error == pytest.approx(0.01) and s.written == (s.differs and s.gain > s.error) for _, s in _sizes(plan))
     assert r.out.count("row(s) written") == 1 and f"{len(plan.rows)} row(s) written" in r.out
 
 
-def test_cli_export_dgx1_writes_no_row_and_says_why(tmp_path, capfd):
+def test_cli_export_dgx1_writes_no_override_and_says_why(tmp_path, capfd):
+    """dgx1 has no node type: no measured error, so no override. By default every range still gets
+    a row, NCCL's own pick at NCCL's channel count (no call falls to the plugin's one channel);
+    ``--gaps`` leaves them as comments and warns."""
     out = tmp_path / "t.conf"
     r = cli_here(capfd, "export", "--nccl-tuner", out, "-t", "dgx1", "-b", "1K", "-e", "64K", "-f", "8")
     assert r.code == 0, r.err[-2000:]
     text = out.read_text()
-    assert check_tuner_csv(text, tiled=True) == [] and parse_tuner_csv(text)[0] == []
-    for coll in ("allgather", "reducescatter", "allreduce"):
-        assert coll in r.out and f"# nccl-default,{coll},0," in text
-    assert "0 row(s) written" in r.out and "the model's error is unknown and no row is written" in r.out
-    r = cli_here(capfd, "export", "--nccl-tuner", tmp_path / "e.csv", "-t", "dgx1", "--every-range", "--sizes", "1K,64M")
-    assert r.code == 0 and len(parse_tuner_csv((tmp_path / "e.csv").read_text())[0]) == 6  # ring/ll, then ring/simple
+    rows = parse_tuner_csv(text)[0]
+    assert check_tuner_csv(text, tiled=True) == [] and rows and all(row.channels > 1 for _, row in rows)
+    assert {row.collective for _, row in rows} == {"allgather", "reducescatter", "allreduce"}
+    assert "the model's error is unknown and no override is written" in r.out and "no call falls" in r.out
+    assert "no row for broadcast, reduce" in r.err
+    g = cli_here(capfd, "export", "--nccl-tuner", tmp_path / "g.csv", "-t", "dgx1", "--gaps", "--sizes", "1K,64M")
+    gaps = (tmp_path / "g.csv").read_text()
+    assert g.code == 0 and parse_tuner_csv(gaps)[0] == [] and "# nccl-default,allreduce,0," in gaps
+    assert "--gaps" in gaps and "ONE channel" in g.err
 
 
 def test_cli_a_bad_calibration_is_one_line_and_writes_nothing(tmp_path):
@@ -404,10 +413,11 @@ def _assert_never_slower(plan: TunerPlan, text: str | None = None) -> list:
         assert a.ratio is not None, a  # the calibrated model times both the applied choice and NCCL's default
         assert a.ratio <= 1 + 1e-12, a
         [s] = [s for r in plan.ranges if r.collective == a.collective for s in r.sizes if s.size == a.size]
-        if text is None:  # a row exactly where a size is written, and it is the pick
-            assert (a.row is None) == (not s.written)
+        if text is None:  # the pick exactly where a size is written, NCCL's own pick (a row of it by default) elsewhere
+            assert (a.row is None) == (not s.written and not plan.every_range)
             assert (a.choice.algorithm, a.choice.protocol) == (s.ours if s.written else s.nccl).pair
-            assert a.row is None or a.ratio < 1 / (1 + s.error) + 1e-12  # faster by more than the model's error
+            assert not s.written or a.ratio < 1 / (1 + s.error) + 1e-12  # faster by more than the model's error
+            assert a.row is None or a.row.channels > 1  # never the plugin's one channel
         assert a.est_ratio is not None and a.est_ratio >= 1 - 1e-12  # NCCL's own model: its default is its least
     return applied
 
@@ -415,7 +425,8 @@ def _assert_never_slower(plan: TunerPlan, text: str | None = None) -> list:
 def test_applied_csv_never_slower_on_real_plans(fabric, dgx1_plan, fabric_plan):
     tight = plan_tuner(fabric, None, SIZES, calibration=_with_error(for_topology(fabric), 0.01))
     for plan in (dgx1_plan, fabric_plan, tight):
-        applied = _assert_never_slower(plan)
+        _assert_never_slower(plan)
+        applied = _assert_never_slower(replace(plan, every_range=False))
         assert sum(a.row is not None for a in applied) == sum(plan.written_sizes(c) for c in plan.collectives)
     assert any(a.ratio < 1 for a in apply_tuner_csv(fabric_plan, fabric_plan.csv()))
 
@@ -469,15 +480,94 @@ def test_applied_row_with_another_channel_count_is_untimed():
     assert kinds("allreduce,0,100,ring,ll,-1,2,16\nallreduce,50,200,tree,ll,4,2,16\n") == ["channels", "overlap"]
 
 
-def test_every_range_leaves_no_call_to_the_plugins_one_channel_default(dgx1_plan, fabric_plan):
-    """``--every-range``: NCCL's default is written out where no row is, so every swept size
-    matches a row (none falls to the example plugin's one channel), the file still passes the
-    plugin's rules, and the applied choice is never slower than NCCL's default in the calibrated model."""
+def test_the_default_file_leaves_no_call_to_the_plugins_one_channel_default(dgx1_plan, fabric_plan):
+    """By default NCCL's own pick is written out where flowride has no override, so every swept
+    size matches a row (none falls to the example plugin's one channel), the file still passes the
+    plugin's rules, and the applied choice is never slower than NCCL's default in the calibrated
+    model; ``--gaps`` (``every_range=False``) has rows only for the overrides."""
     for plan in (dgx1_plan, fabric_plan):
         every = replace(plan, every_range=True)
         text = every.csv()
-        assert check_tuner_csv(text, tiled=True) == []
-        assert len(every.rows) == len(plan.ranges) > len(plan.rows)
+        assert plan.every_range and check_tuner_csv(text, tiled=True) == []
+        assert len(every.rows) == len(plan.ranges) > len(plan.overrides) == len(replace(plan, every_range=False).rows)
         _assert_never_slower(plan, text)
         for a in apply_tuner_csv(every, text):
             assert a.row is not None and a.row.channels == plan.default_channels, a
+
+
+# ---- the parser reads what the plugin reads (issue #50) ----------------------------------------
+
+
+def _rows(text: str) -> list[TunerRow]:
+    return [r for _, r in parse_tuner_csv(text)[0]]
+
+
+def test_a_crlf_row_is_read_as_the_plugin_reads_it_and_still_warned_about():
+    """The plugin's number parsers stop at the carriage return: a CRLF file's rows apply."""
+    text = "allreduce,0,1048576,tree,ll,8,2,16,-1,-1\r\nallgather,0,65536,ring,ll128,4,2,16\r\n"
+    rows = _rows(text)
+    assert [(r.collective, r.max_bytes, r.nranks) for r in rows] == [("allreduce", 1048576, 16), ("allgather", 65536, 16)]
+    assert match_row(rows, "allgather", 4096, 2, 16).protocol == "ll128"
+    assert kinds(text).count("carriage-return") == 2
+
+
+@pytest.mark.parametrize(("length", "whole"), [(254, True), (255, True), (256, False)])
+def test_line_lengths_around_the_plugins_buffer(length, whole):
+    """``fgets`` into 256 bytes: up to 255 characters are one line; 256 are cut after 255 and the
+    last character read as a line of its own. 255 is read whole but warned about."""
+    row = "allreduce,0,1048576,tree,ll,8,2,16,-1,"
+    line = row + "-1" + " " * (length - len(row) - 2)
+    assert len(line) == length
+    rows = _rows(line + "\n")
+    found = [f for f in check_tuner_csv(line + "\n", tiled=False) if f.kind == "line-length"]
+    if whole:
+        assert len(rows) == 1 and rows[0].reg_buff == -1
+        assert (found != []) == (length == 255)
+    else:  # the piece of 255 reads as the row; the 1-character tail is a line of its own (one field: dropped)
+        assert len(rows) == 1 and found and "cuts the line" in found[0].message
+
+
+def test_an_indented_comment_is_a_row_only_with_eight_fields_or_more():
+    """The plugin skips only a '#' in the first column. Indented, a line of 8 or more fields is
+    read as an allreduce row (its first field names no collective); fewer are dropped."""
+    long = "  # allgather,0,1024,tree,ll,8,2,16\n"
+    short = "  # a note, nothing more\n"
+    assert [(r.collective, r.algorithm, r.max_bytes) for r in _rows(long)] == [("allreduce", "tree", 1024)]
+    assert match_row(_rows(long), "allreduce", 512, 2, 16) is not None
+    assert _rows(short) == []
+    assert "indent" in kinds(long) and "indent" in kinds(short)
+    assert any("as an allreduce row" in f.message for f in check_tuner_csv(long))
+
+
+def test_ranges_left_to_nccl_end_where_nccls_own_pick_changes():
+    """Written out, NCCL's own pick holds over a whole range: its ends move from the swept sizes to
+    NCCL's own switch points (bisection on its cost model), so between two swept sizes the file
+    never forces the smaller size's pick past NCCL's switch (2 x dgx-a100: LL to 786 KB was 3x
+    slower by the calibrated model)."""
+    from flowride.sweep.nccl_tuner_edges import nccl_pick
+    from flowride.synth.nccl import machine
+
+    topo = build_fabric("dgx-a100", 2)
+    plan = plan_tuner(topo, None, SIZES)
+    m = machine(topo)
+    moved = 0
+    for coll in plan.collectives:
+        rs = [r for r in plan.ranges if r.collective == coll]
+        assert rs[0].min_bytes == 0 and rs[-1].max_bytes == SIZE_MAX
+        assert all(b.min_bytes == a.max_bytes + 1 for a, b in zip(rs, rs[1:], strict=False))  # still a tiling
+        for a, b in zip(rs, rs[1:], strict=False):
+            assert all(a.min_bytes <= s.size <= a.max_bytes for s in a.sizes)  # swept sizes stay in their range
+            if not (a.written or b.written):
+                assert nccl_pick(coll, m, b.min_bytes) == b.nccl.pair and nccl_pick(coll, m, b.min_bytes - 1) == a.nccl.pair
+                moved += b.min_bytes not in {s.size for s in b.sizes}
+    assert moved > 0
+    applied = apply_tuner_csv(plan, plan.csv())
+    assert all(a.row is not None and a.row.channels > 1 for a in applied)
+
+
+def test_an_empty_field_shifts_the_rest_left_as_strtok_does():
+    """``allreduce,0,,1000,...``: strtok skips the empty field, so the plugin reads 8 fields with
+    1000 as max_bytes; the parser loads the row so and says why."""
+    text = "allreduce,0,,1000,ring,ll,4,2,16\n"
+    assert [(r.max_bytes, r.algorithm, r.channels, r.nranks) for r in _rows(text)] == [(1000, "ring", 4, 16)]
+    assert "empty-field" in kinds(text)

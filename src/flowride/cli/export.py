@@ -24,7 +24,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     sizes = sweep_of(a)
     if a.nccl_tuner:
         return _export_tuner(a, sizes)
-    refuse_unused(a, "with --nccl-tuner", "leave it out, or add --nccl-tuner FILE", every_range="--every-range",
+    refuse_unused(a, "with --nccl-tuner", "leave it out, or add --nccl-tuner FILE", gaps="--gaps",
                   calibration="--calibration", network_kind="--network-kind")
     if a.topology or sizes is not None or a.out_dir:
         return _export_ranges(a, sizes)
@@ -131,7 +131,7 @@ def _export_tuner(a: argparse.Namespace, sizes: list[int] | None) -> int:
     names = {"collective": "--collective", "sizes": "--sizes", "nccl_tuner": "--nccl-tuner", "calibration": "--calibration",
              "network_kind": "--network-kind"}
     with err.status("[bold]export[/bold] NCCL's model, calibrated") as st, as_options(**names):
-        plan = export_nccl_tuner(topo, colls, sizes, a.nccl_tuner, SweepView(st), every_range=a.every_range,
+        plan = export_nccl_tuner(topo, colls, sizes, a.nccl_tuner, SweepView(st), every_range=not a.gaps,
                                  calibration=a.calibration, network=a.network_kind or "ib")
     t = SweepTable(f"NCCL tuner overrides for {plan.topology} ({plan.gpus} ranks, {plan.nodes} node(s)): flowride's pick vs "
                    f"NCCL's default per size range; times: NCCL's model calibrated ({plan.calibration}), us; a row only where "
@@ -145,10 +145,20 @@ def _export_tuner(a: argparse.Namespace, sizes: list[int] | None) -> int:
     console.print(f"{len(plan.rows)} row(s) written to {a.nccl_tuner} (point NCCL_TUNER_CONFIG_FILE there, with "
                   f"NCCL_TUNER_PLUGIN naming the example plugin); why each range: {side_table_path(a.nccl_tuner)}. "
                   f"Calibration: {plan.calibration}. Sizes where the picks differ: {per}; of them with a gain above the "
-                  f"model's error (rows): {won}.", soft_wrap=True)
+                  f"model's error (overrides): {won}; "
+                  + ("every other size range has NCCL's own pick written out, so no call falls to the plugin's one-channel "
+                     "default." if plan.every_range else "the other ranges have no row."), soft_wrap=True)
+    if not plan.every_range:
+        err.print("[yellow]warning: --gaps: the stock example plugin runs every call no row matches on ONE channel "
+                  "(pluginGetCollInfo sets *nChannels = 1); patch it to 0 before building, or export without --gaps[/yellow]",
+                  soft_wrap=True)
+    untuned = [c for c in ("broadcast", "reduce", "allgather", "reducescatter", "allreduce") if c not in plan.collectives]
+    if untuned:
+        err.print(f"note: the file has no row for {', '.join(untuned)}: with the stock plugin those calls run on one channel",
+                  soft_wrap=True)
     if all(s.error is None for r in plan.ranges for s in r.sizes):
-        console.print("note: no measured curve near these sizes is behind this calibration, so the model's error is unknown and no row is "
-                      "written; give --calibration FILE (a profile from `flowride calibrate`) or a fabric of a node type "
+        console.print("note: no measured curve near these sizes is behind this calibration, so the model's error is unknown and no "
+                      "override is written; give --calibration FILE (a profile from `flowride calibrate`) or a fabric of a node type "
                       "(-t fabric --node ...)", soft_wrap=True)
     return 0
 
@@ -171,9 +181,10 @@ def add_export(sub) -> None:
                     "`flowride calibrate`")
     ex.add_argument("--network-kind", choices=("ib", "efa"),
                     help="--nccl-tuner: the network's kind for the built-in calibration (default ib)")
-    ex.add_argument("--every-range", action="store_true",
-                    help="--nccl-tuner: write a row for every size range, NCCL's default where no override is (the example "
-                         "plugin runs a call no row matches on one channel; docs/nccl_tuner.md)")
+    ex.add_argument("--gaps", action="store_true", default=None,
+                    help="--nccl-tuner: write rows only where flowride overrides NCCL, leaving the other ranges to NCCL (the "
+                         "stock example plugin runs every call no row matches on ONE channel: patch it first; docs/nccl_tuner.md). "
+                         "Default: a row for every size range, NCCL's own pick where flowride has none")
     ex.add_argument("--unfused", action="store_true", help="only s, r, rrc and nop steps (what ASTRA-sim's converter reads)")
     ex.add_argument("--proto", choices=["Simple", "LL128", "LL"], help="MSCCL protocol attribute (default: Simple; range export: "
                     "chosen per size by NCCL's cost model)")

@@ -264,9 +264,12 @@ def cmd_verify(a: argparse.Namespace) -> int:
             err.print(f"({len(sim.violations) - 1} more violation(s))")
         return 1
     lb = lower_bounds(sched.topology, sched.demand).best_s
+    where = ("modelled on its own topology (epoch model)" if not ran else
+             f"modelled on a generic full mesh of its GPUs, one chunk of {format_size(int(sched.demand.chunk_bytes))} a link per "
+             "epoch, not the cluster it was written for")
     console.print(
         f"valid: {len(sched.sends)} sends, {sim.epochs} epochs, finish {sim.finish_time_s * 1e6:.3f} us "
-        f"(lower bound {lb * 1e6:.3f} us)"
+        f"(lower bound {lb * 1e6:.3f} us); times {where}", soft_wrap=True
     )
     if ran:
         console.print(escape(ran), highlight=False, soft_wrap=True)

@@ -30,7 +30,7 @@ from flowride.program.model import (
     inplace_alias,
     ranks_text,
 )
-from flowride.program.mscclpp_plan import WAITS, BufRef, Op, Plan
+from flowride.program.mscclpp_plan import WAITS, BufRef, Op, Plan, as_read
 
 Loc = tuple[int, str, int]  # (rank, buffer, chunk)
 MAX_THREAD_BLOCKS = 4096  # vector clocks grow with the square of the thread blocks
@@ -298,33 +298,51 @@ class _Run:
         self.res.ops += 1
 
     def data(self, a: int, rank: int, tb, op: Op, where: str) -> None:
+        """The op's data movement as MSCCL++'s kernel does it (``execution_kernel.hpp``, read at
+        1f5f065d; docs/mscclpp.md lists each handler): ``put``/``pws``/``pwsf``/``ppkt`` give
+        destination k the bytes of source entry k; ``rppkt`` sends source entry 0 to every
+        destination; ``copy``/``upkt``/``cpkt`` move entry 0 only; ``get`` reads the peer at the
+        *destination* entry's offset and writes locally at the *source* entry's."""
         name = op.name
+        src, dst = op.src, op.dst
+        if name == "get":  # handleGet: local(dst[i].type) + src[i].offset <- remote(src[i]) + dst[i].offset
+            if len(dst) < len(src):
+                raise _Wrong(f"{where}: get has {len(src)} src_buff entries and {len(dst)} dst_buff entries: MSCCL++'s kernel "
+                             f"writes source entry k through dst_buff[k] (handleGet)")
+            src, dst = as_read(op)
+        elif name in ("put", "pws", "pwsf", "ppkt") and len(src) < len(dst):
+            raise _Wrong(f"{where}: {name} has {len(dst)} destinations and {len(src)} src_buff entr{'y' if len(src) == 1 else 'ies'}: "
+                         f"MSCCL++'s kernel gives destination k the bytes of src_buff[k] ({'handlePutPackets' if name == 'ppkt' else 'handlePut'}), "
+                         f"so destination {len(src)} would get offset 0 and size 0 of it (wrong bytes, or no packets and a reader "
+                         "that waits forever)")
+        elif name in ("rppkt", "copy", "upkt", "cpkt"):
+            src = src[:1]  # the kernel reads entry 0 only
+            if name != "rppkt":
+                dst = dst[:1]
         first = PACKET_SRC_FROM.get(name)
         port_pkt = name == "ppkt" and op.channel_type == "port"
         if port_pkt:
             first = 0
-        size = (op.src[0] if op.src else op.dst[0]).size
+        size = (src[0] if src else dst[0]).size
         # packet reads first: a thread block spins on the flags before doing anything
         for j in range(size):
-            for k, r in enumerate(op.src):
+            for k, r in enumerate(src):
                 if first is not None and k >= first:
                     cell = self.pkt.get(self.ref(rank, tb, op, r, j))
                     if cell is None or cell.value is None:
                         raise _Blocked
         for j in range(size):
-            srcs = [self.ref(rank, tb, op, r, j) for r in op.src]
-            dsts = [self.ref(rank, tb, op, r, j) for r in op.dst]
+            srcs = [self.ref(rank, tb, op, r, j) for r in src]
+            dsts = [self.ref(rank, tb, op, r, j) for r in dst]
             vals = [self.read(a, s, first is not None and k >= first, where) for k, s in enumerate(srcs)]
             for s in srcs:
                 if s[0] != rank:
                     self.res.chunks_moved += 1
-            if name in ("put", "pws", "pwsf", "ppkt", "rppkt"):
-                pk = name in ("ppkt", "rppkt")
+            if name in ("put", "pws", "pwsf", "ppkt", "rppkt", "copy", "get", "upkt", "cpkt"):
+                pk = name in ("ppkt", "rppkt", "cpkt")
                 for k, d in enumerate(dsts):
-                    self.emit(a, rank, d, [srcs[min(k, len(srcs) - 1)]], vals[min(k, len(vals) - 1)], pk, where)
-            elif name in ("copy", "get", "upkt", "cpkt"):
-                for k, d in enumerate(dsts):
-                    self.emit(a, rank, d, [srcs[min(k, len(srcs) - 1)]], vals[min(k, len(vals) - 1)], name == "cpkt", where)
+                    one = 0 if name == "rppkt" else k
+                    self.emit(a, rank, d, [srcs[one]], vals[one], pk, where)
             else:  # reductions: dst[0] := the sum of the sources; the rest get copies of it
                 total = vals[0]
                 for v in vals[1:]:

@@ -81,6 +81,18 @@ class Op:
         return d
 
 
+def as_read(op: Op) -> tuple[list[BufRef], list[BufRef]]:
+    """The op's (source, destination) entries as MSCCL++'s kernel reads them. Only ``get`` differs
+    from what the JSON says: ``handleGet`` (``execution_kernel.hpp``) copies from the peer's buffer
+    of ``src_buff[i]`` at ``dst_buff[i]``'s index into the local buffer of ``dst_buff[i]`` at
+    ``src_buff[i]``'s index (the offsets swapped with respect to ``put``)."""
+    if op.name != "get":
+        return op.src, op.dst
+    pairs = list(zip(op.src, op.dst, strict=False))
+    return ([BufRef(d.index, s.size, None, s.buffer_id, s.extra) for s, d in pairs],
+            [BufRef(s.index, s.size, d.type, d.buffer_id, d.extra) for s, d in pairs])
+
+
 @dataclass
 class Threadblock:
     id: int

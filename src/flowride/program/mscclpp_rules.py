@@ -16,6 +16,9 @@ its ids resolved) and ``src/core/include/execution_kernel.hpp`` (what each op do
   which index the GPU's ``remote_buffers`` reachable through that type, and its chunks lie within
   the peer's buffer; an op's references cover the same number of chunks; a put's k-th channel
   leads to the GPU owning its k-th destination;
+- fans as the kernel reads them: ``put``, ``pws``, ``pwsf`` and ``ppkt`` give destination k the
+  bytes of ``src_buff[k]`` (``handlePut``, ``handlePutPackets``), so they carry a source entry per
+  destination; ``copy``, ``upkt`` and ``cpkt`` move entry 0 only, so they carry one of each;
 - every signal matched by a wait: on each channel, as many signals (``signal``, ``rlxsignal``,
   ``pws``, ``pwsf``) as the peer's matching channel has waits;
 - threads: a signal or wait runs on the first threads of a block, data ops on all of them, so a
@@ -39,18 +42,25 @@ from flowride.program.mscclpp_plan import (
     Op,
     Plan,
     Threadblock,
+    as_read,
 )
 
 CHANNEL_OPS = frozenset({"signal", "wait", "rlxsignal", "rlxwait", "flush", "put", "pws", "pwsf", "get", "rre", "rres", "ppkt", "rppkt"})
 READS_REMOTE = frozenset({"get", "rre", "rres"})
 PUTS = frozenset({"put", "pws", "pwsf", "ppkt", "rppkt"})
+FANS = frozenset({"put", "pws", "pwsf", "ppkt"})  # destination k's bytes from src_buff[k] (handlePut, handlePutPackets)
+ENTRY_ZERO = frozenset({"copy", "upkt", "cpkt"})  # handleCopy, handleUnpackPackets, handleCopyPackets: entry 0 only
 
 
 def _refs(plan: Plan, g: GpuPlan, tb: Threadblock, op: Op, where: str, out: list[str]) -> None:
     sizes = {r.size for r in op.src + op.dst}
     if len(sizes) > 1:
         out.append(f"{where}: its buffer references cover {sorted(sizes)} chunks; they must cover the same number")
-    for side, refs in (("src_buff", op.src), ("dst_buff", op.dst)):
+    if op.name == "get" and len(op.dst) < len(op.src):
+        out.append(f"{where}: get has {len(op.src)} src_buff and {len(op.dst)} dst_buff entries; MSCCL++'s kernel pairs them "
+                   "entry by entry (handleGet)")
+    src, dst = as_read(op)  # get: the indices as the kernel reads them
+    for side, refs in (("src_buff", src), ("dst_buff", dst)):
         for k, r in enumerate(refs):
             w = f"{where}.{side}[{k}]"
             if "switch_channel_id" in r.extra:
@@ -106,6 +116,13 @@ def _op(plan: Plan, g: GpuPlan, tb: Threadblock, op: Op, where: str, out: list[s
     if op.name in DATA_OPS and op.name != "pipeline" and not (op.src and op.dst):
         out.append(f"{where}: {op.name} moves data but names no {'src_buff' if not op.src else 'dst_buff'}")
         return
+    if op.name in FANS and len(op.src) < len(op.dst):
+        out.append(f"{where}: {op.name} has {len(op.dst)} destinations but {len(op.src)} src_buff entr"
+                   f"{'y' if len(op.src) == 1 else 'ies'}; MSCCL++'s kernel reads destination k's source from src_buff[k], so "
+                   "give one src_buff entry per destination")
+    if op.name in ENTRY_ZERO and (len(op.src) > 1 or len(op.dst) > 1):
+        out.append(f"{where}: {op.name} names {len(op.src)} src_buff and {len(op.dst)} dst_buff entries; MSCCL++'s kernel "
+                   "moves entry 0 only: write one op per entry")
     if op.name in READS_REMOTE and op.channel_type != "memory":
         out.append(f"{where}: {op.name} reads a peer's memory, which only a memory channel can")
     if op.name in ("signal", "wait", "rlxsignal", "rlxwait", "flush", "pws", "pwsf") and not op.channel_ids:

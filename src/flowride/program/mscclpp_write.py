@@ -305,13 +305,14 @@ def build_plan(program: Program, topology: Topology, proto: str = "Simple", name
             st = run[0]
             ct = ctype(r, st.peer)
             ch = [tb.channel(ct, gpu_ch[(ct, (t, x.peer))]) for x in run]
-            if st.op == "s":
+            if st.op == "s":  # the kernel reads destination k's source from src_buff[k]: one entry per peer
                 remotes = [BufRef(land[x.tag][1], 1, None, remote_buffer(tb, ct, x.peer, land[x.tag][0])) for x in run]
                 if ll and ct == "port":  # pack once, then the packets to every peer
-                    return [Op("cpkt", [_local(st.src)], [_local(pack[st.tag])]), Op("ppkt", [_local(pack[st.tag])], remotes, ct, ch)]
+                    return [Op("cpkt", [_local(st.src)], [_local(pack[st.tag])]),
+                            Op("ppkt", [_local(pack[st.tag]) for _ in run], remotes, ct, ch)]
                 if ll:
-                    return [Op("ppkt", [_local(st.src)], remotes, ct, ch)]
-                return [Op("put", [_local(st.src)], remotes, ct, ch), Op("signal", [], [], ct, ch)]
+                    return [Op("ppkt", [_local(st.src) for _ in run], remotes, ct, ch)]
+                return [Op("put", [_local(st.src) for _ in run], remotes, ct, ch), Op("signal", [], [], ct, ch)]
             out = [] if ll else waits(tb, t, run)
             if st.op == "rrc":
                 out.append(Op("repkt" if ll else "re", [_local(st.src)] + [_local(land[x.tag]) for x in run], [_local(run[-1].dst)],

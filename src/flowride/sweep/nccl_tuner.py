@@ -59,6 +59,7 @@ from flowride.runtime.nccl_tuning import (
     assumed_channels,
     estimates,
 )
+from flowride.sweep.nccl_tuner_edges import follow_nccl, nccl_pick
 from flowride.sweep.nccl_tuner_rules import (
     COLLECTIVES,
     COLUMNS,
@@ -79,6 +80,9 @@ from flowride.units import format_size
 DEFAULT_COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 MODELLED = ("allgather", "reducescatter", "allreduce")  # the plugin's collectives flowride models
 TIE = 1e-9  # relative: a pick this close to NCCL's default is no reason for a row
+GAPS_WARNING = ("# --gaps: ranges left to NCCL's default have no row, and the stock example plugin runs every call no row "
+                "matches on ONE channel (pluginGetCollInfo sets *nChannels = 1): patch it to 0 before building, or export "
+                "without --gaps")
 HOW = "calibrated model"
 RULE = ("a row only where the gain (NCCL's default over flowride's pick, both in the calibrated model, minus 1) exceeds the "
         "model's error at that size: the median |predicted/measured - 1| of the calibration's fit near that size (within 4x) on "
@@ -306,9 +310,10 @@ class TunerPlan:
     collectives: list[str]
     sizes: list[int]
     ranges: list[TunerRange] = field(default_factory=list)
-    # a row for every range, NCCL's default pair written out where no row is (at NCCL's assumed
-    # channels): the example plugin runs a call that no row matches on one channel
-    every_range: bool = False
+    # a row for every range (the default), NCCL's default pair written out where no override is (at
+    # NCCL's assumed channels): the stock example plugin runs a call that no row matches on one
+    # channel; False (``--gaps``) leaves those ranges as comments
+    every_range: bool = True
     default_channels: int = 1  # NCCL's assumed channels (:func:`nccl_channels`)
     calibration: str = "NCCL's own model"  # the calibration's name (:attr:`Chosen.name`)
     fitted_on: tuple[str, ...] = ()  # the curves behind it
@@ -326,7 +331,13 @@ class TunerPlan:
 
     @property
     def rows(self) -> list[TunerRow]:
+        """Every row the file carries: the overrides, and (by default) NCCL's own pick elsewhere."""
         return [self._row(r) for r in self.ranges if r.written or self.every_range]
+
+    @property
+    def overrides(self) -> list[TunerRow]:
+        """The rows where flowride's pick replaces NCCL's (the gain beats the model's error)."""
+        return [self._row(r) for r in self.ranges if r.written]
 
     def disagreements(self, collective: str) -> int:
         """Swept sizes of ``collective`` where the two choices differ (written or not)."""
@@ -342,14 +353,18 @@ class TunerPlan:
         lines = [f"# flowride export --nccl-tuner: {self.topology}, {self.gpus} ranks on {self.nodes} node(s)",
                  "# for NCCL's example tuner plugin (NCCL_TUNER_PLUGIN, NCCL_TUNER_CONFIG_FILE); docs/nccl_tuner.md",
                  "# " + ",".join(COLUMNS),
-                 "# a row: where the calibrated model of NCCL picks otherwise than NCCL's own cost model, by more than the "
-                 "model's error at that size",
-                 _one_line(f"# calibration: {self.calibration}"),
-                 f"# ranges left to NCCL's default: the '{DEFAULT_TAG.strip()}...' comments (the plugin skips them)"]
+                 "# an override: where the calibrated model of NCCL picks otherwise than NCCL's own cost model, by more "
+                 "than the model's error at that size",
+                 _one_line(f"# calibration: {self.calibration}")]
+        if not self.every_range:
+            lines.append(f"# ranges left to NCCL's default: the '{DEFAULT_TAG.strip()}...' comments (the plugin skips them)")
         if side_table:
             lines.append(_one_line(f"# why each range: {side_table}"))
         if self.every_range:
-            lines.append("# --every-range: NCCL's default written out too, so no call falls to the plugin's one-channel default")
+            lines.append("# every size range has a row (NCCL's own pick written out where flowride has no override), so no "
+                         "call falls to the stock plugin's one-channel default")
+        else:
+            lines.append(GAPS_WARNING)
         for r in self.ranges:
             if r.written or self.every_range:
                 lines.append(self._row(r).line())
@@ -437,7 +452,7 @@ def tuner_collectives(collectives: Sequence[str] | str | None) -> list[str]:
 
 
 def plan_tuner(topo: Topology, collectives: Sequence[str] | str | None, sizes: Sequence[int],
-               progress: Callable[[dict], None] | None = None, every_range: bool = False,
+               progress: Callable[[dict], None] | None = None, every_range: bool = True,
                calibration: Chosen | str | None = None, network: str = "ib") -> TunerPlan:
     """Both choices at every size of every collective by ``calibration`` (:func:`tuner_calibration`),
     merged into ranges (:func:`tile`); ``every_range``: a row for the ranges left to NCCL's default
@@ -459,6 +474,7 @@ def plan_tuner(topo: Topology, collectives: Sequence[str] | str | None, sizes: S
                           "candidates": len(colls)})
             picks.append(size_choice(topo, coll, s, chosen, m=m))
         plan.add(coll, picks)
+        follow_nccl([r for r in plan.ranges if r.collective == coll], lambda size, c=coll: nccl_pick(c, m, size))
     return plan
 
 
@@ -482,7 +498,7 @@ def write_tuner(plan: TunerPlan, path: str | Path) -> tuple[Path, Path]:
 
 
 def export_nccl_tuner(topo: Topology, collectives: Sequence[str] | str | None, sizes: Sequence[int], path: str | Path,
-                      progress: Callable[[dict], None] | None = None, every_range: bool = False,
+                      progress: Callable[[dict], None] | None = None, every_range: bool = True,
                       calibration: Chosen | str | None = None, network: str = "ib") -> TunerPlan:
     """The one call behind ``flowride export --nccl-tuner FILE``: the collectives, the calibration
     and both output paths checked before any modelling, then :func:`plan_tuner` and :func:`write_tuner`."""

@@ -6,18 +6,21 @@ own cost model would pick. NVIDIA/nccl ships an example plugin (``plugins/tuner/
 (default ``nccl_tuner.conf`` in the working directory). How it reads that file (``plugin.c``,
 ``loadConfig`` and ``pluginGetCollInfo``), which this module mirrors:
 
-- the file is read line by line into a 256-byte buffer: a line longer than 254 characters (plus
-  its newline) is cut, and its tail read as a line of its own;
+- the file is read line by line with ``fgets`` into a 256-byte buffer: a line of up to 255
+  characters (its newline not counted) is read whole; a longer one is cut every 255 characters,
+  each piece read as a line of its own;
 - a line whose first character is ``#``, or an empty line, is skipped; nothing else is a comment
-  (a header line of column names, or an indented ``#``, is read as a row);
+  (a header line of column names is read as a row, and so is an indented ``#`` line of 8 fields
+  or more: its first field names no collective, so it becomes an ``allreduce`` row);
 - fields are split at commas the way ``strtok`` does, so an empty field vanishes and the fields
-  after it move left; spaces and tabs around a field are dropped, a carriage return is not;
+  after it move left; spaces and tabs around a field are dropped, a carriage return is not, but
+  the number parsers stop at it, so a row ending in CRLF reads as without it;
 - 8 to 10 fields make a row (``numPipeOps`` and ``regBuff`` are optional, ``-1`` when left out);
   fewer are dropped without a word, more than 10 are read as their first 10;
 - names are compared exactly, in lower case: an unknown collective silently becomes
   ``allreduce``, an unknown algorithm ``ring``, an unknown protocol ``simple``;
 - numbers go through ``strtoull`` (bytes) and ``atoi`` (the rest): text that is no number reads
-  as 0 without a word;
+  as 0, and a number followed by other text as its leading digits, without a word;
 - a row applies to a call when the collective matches, ``min_bytes <= nBytes <= max_bytes`` (both
   ends inclusive; ``nBytes`` is the larger of the send and receive buffers: AllGather's output,
   ReduceScatter's input, AllReduce's buffer) and each of nNodes, nRanks, numPipeOps and regBuff
@@ -46,7 +49,7 @@ COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
 ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat")
 PROTOCOLS = ("ll", "ll128", "simple")
 FIELDS_MIN, FIELDS_MAX = 8, 10
-MAX_LINE_CHARS = 254  # fgets into char[256]: 255 characters, the newline one of them
+MAX_LINE_CHARS = 255  # fgets into char[256]: 255 characters and the terminating NUL
 SIZE_MAX = 2**64 - 1  # the largest max_bytes strtoull gives a 64-bit size_t: "no upper limit"
 INT_MAX = 2**31 - 1
 PLUGIN_DEFAULT_CHANNELS = 1  # what pluginGetCollInfo returns for a call no row matches, and for a -1 row
@@ -54,6 +57,7 @@ DEFAULT_TAG = "# nccl-default,"  # flowride's comment line for a range left to N
 
 _UINT = re.compile(r"[0-9]+")
 _INT = re.compile(r"-?[0-9]+")
+_LEADING = re.compile(r"[ \t]*([+-]?[0-9]*)")
 
 
 @dataclass(frozen=True)
@@ -113,23 +117,38 @@ class Finding:
         return f"line {self.line}: {self.kind}: {self.message}" if self.line else f"{self.kind}: {self.message}"
 
 
-def _number(tok: str, name: str, lo: int, hi: int, unsigned: bool) -> tuple[int | None, str | None]:
+def _as_read(tok: str, unsigned: bool) -> int:
+    """What ``strtoull`` (``unsigned``) or ``atoi`` make of ``tok``: its leading digits, else 0."""
+    m = _LEADING.match(tok)
+    digits = m.group(1) if m else ""
+    try:
+        v = int(digits)
+    except ValueError:
+        return 0
+    return v % 2**64 if unsigned else max(-(2**31), min(INT_MAX, v))
+
+
+def _number(tok: str, name: str, lo: int, hi: int, unsigned: bool) -> tuple[int, str | None]:
+    """The value the plugin reads, and what is wrong with the field, if anything."""
+    v = _as_read(tok, unsigned)
     if not (_UINT if unsigned else _INT).fullmatch(tok):
-        return None, f"{name} {tok!r} is not a whole number (the plugin would read it as 0 or as its leading digits)"
-    v = int(tok)
+        return v, f"{name} {tok!r} is not a whole number (the plugin reads {v})"
     if not lo <= v <= hi:
-        return None, f"{name} {v} is outside {lo}..{hi}"
+        return v, f"{name} {v} is outside {lo}..{hi}"
     return v, None
 
 
-def _parse_row(n: int, tokens: list[str], out: list[Finding]) -> TunerRow | None:
-    bad = len(out)
-    coll, alg, proto = tokens[0], tokens[3], tokens[4]
-    for kind, val, names, default in (("collective", coll, COLLECTIVES, "allreduce"), ("algorithm", alg, ALGORITHMS, "ring"),
-                                      ("protocol", proto, PROTOCOLS, "simple")):
+def _parse_row(n: int, tokens: list[str], out: list[Finding]) -> TunerRow:
+    """The row as the plugin loads it (an unknown name as the plugin's default, a number as
+    ``strtoull``/``atoi`` read it), each thing read otherwise than written a finding."""
+    names_read = []
+    for kind, val, names, default in (("collective", tokens[0], COLLECTIVES, "allreduce"),
+                                      ("algorithm", tokens[3], ALGORITHMS, "ring"), ("protocol", tokens[4], PROTOCOLS, "simple")):
         if val not in names:
             out.append(Finding(n, kind, f"{val!r} is not one the plugin knows (it would read {default}); use one of {', '.join(names)}"))
-    nums: list[int | None] = []
+        names_read.append(val if val in names else default)
+    coll, alg, proto = names_read
+    nums: list[int] = []
     specs = [("min_bytes", 0, SIZE_MAX, True), ("max_bytes", 0, SIZE_MAX, True), ("channels", -1, INT_MAX, False),
              ("nNodes", -1, INT_MAX, False), ("nRanks", -1, INT_MAX, False), ("numPipeOps", -1, INT_MAX, False),
              ("regBuff", -1, 1, False)]
@@ -148,11 +167,9 @@ def _parse_row(n: int, tokens: list[str], out: list[Finding]) -> TunerRow | None
                                               "give the count"))
         nums.append(v)
     lo_b, hi_b = nums[0], nums[1]
-    if lo_b is not None and hi_b is not None and lo_b > hi_b:
+    if lo_b > hi_b:
         out.append(Finding(n, "range", f"min_bytes {lo_b} > max_bytes {hi_b}: the row matches no size"))
-    if any(f.kind != "channels" for f in out[bad:]):  # a -1 row loads as written (on one channel): kept
-        return None
-    return TunerRow(coll, lo_b, hi_b, alg, proto, *nums[2:])  # type: ignore[arg-type]
+    return TunerRow(coll, lo_b, hi_b, alg, proto, *nums[2:])
 
 
 def _parse_kept(n: int, line: str, out: list[Finding]) -> Kept | None:
@@ -176,41 +193,52 @@ def parse_tuner_csv(text: str) -> tuple[list[tuple[int, TunerRow]], list[tuple[i
     rows: list[tuple[int, TunerRow]] = []
     kept: list[tuple[int, Kept]] = []
     out: list[Finding] = []
-    for n, line in enumerate(text.split("\n"), 1):
-        if len(line) > MAX_LINE_CHARS:
-            out.append(Finding(n, "line-length", f"{len(line)} characters: the plugin reads at most {MAX_LINE_CHARS} per line "
-                                                 "and takes the rest for a line of its own"))
-            continue
-        if line.startswith(DEFAULT_TAG):
-            k = _parse_kept(n, line, out)
-            if k:
-                kept.append((n, k))
-            continue
-        if line == "" or line.startswith("#"):
-            continue
-        if "\r" in line:
-            out.append(Finding(n, "carriage-return", "a carriage return (CRLF line ends): the plugin keeps it in the last field"))
-            continue
-        if line.lstrip(" \t").startswith("#"):
-            out.append(Finding(n, "indent", "a comment must start in the first column; the plugin reads this line as a row"))
-            continue
-        if line.split(",")[0].strip() == COLUMNS[0]:
-            out.append(Finding(n, "header", "a header of column names is read as a row (an allreduce of 0..0 bytes): make it a "
-                                            "comment with '#'"))
-            continue
-        raw = line.split(",")
-        if any(t.strip(" \t") == "" for t in raw):
-            out.append(Finding(n, "empty-field", "an empty field: the plugin's strtok skips it and the fields after it move left"))
-            continue
-        tokens = [t.strip(" \t") for t in raw]
-        if not FIELDS_MIN <= len(tokens) <= FIELDS_MAX:
+    for n, physical in enumerate(text.split("\n"), 1):
+        if len(physical) > MAX_LINE_CHARS:
+            out.append(Finding(n, "line-length", f"{len(physical)} characters: the plugin reads {MAX_LINE_CHARS} at a time, so it "
+                                                 "cuts the line and reads each piece as a line of its own"))
+        elif len(physical) == MAX_LINE_CHARS:
+            out.append(Finding(n, "line-length", f"{MAX_LINE_CHARS} characters: the most the plugin reads whole (one more and "
+                                                 "it cuts the line)"))
+        for k in range(0, max(1, len(physical)), MAX_LINE_CHARS):  # fgets' pieces
+            _read_line(n, physical[k:k + MAX_LINE_CHARS], rows, kept, out)
+    return rows, kept, out
+
+
+def _read_line(n: int, line: str, rows: list, kept: list, out: list[Finding]) -> None:
+    """One line as ``loadConfig`` reads it."""
+    if line.startswith(DEFAULT_TAG):
+        k = _parse_kept(n, line, out)
+        if k:
+            kept.append((n, k))
+        return
+    if line == "" or line.startswith("#"):
+        return
+    if "\r" in line:
+        out.append(Finding(n, "carriage-return", "a carriage return (CRLF line ends): the plugin's number parsers stop at it, "
+                                                 "so the row reads as without it; write LF line ends"))
+        line = line.replace("\r", "") if line.rstrip("\r").find("\r") < 0 else line
+    raw = line.split(",")
+    if line.lstrip(" \t").startswith("#"):
+        read = "as an allreduce row" if len(raw) >= FIELDS_MIN else f"not at all ({len(raw)} fields)"
+        out.append(Finding(n, "indent", f"a comment must start in the first column; the plugin reads this line {read}"))
+    elif line.split(",")[0].strip() == COLUMNS[0]:
+        out.append(Finding(n, "header", "a header of column names is read as a row (an allreduce of 0..0 bytes): make it a "
+                                        "comment with '#'"))
+        return
+    if any(t.strip(" \t") == "" for t in raw):
+        out.append(Finding(n, "empty-field", "an empty field: the plugin's strtok skips it and the fields after it move left"))
+    tokens = [t.strip(" \t") for t in raw if t != ""]  # strtok: no empty token; a blank one is read as empty text
+    if not FIELDS_MIN <= len(tokens) <= FIELDS_MAX:
+        if len(tokens) > 1 or not line.lstrip(" \t").startswith("#"):
             what = "drops the line" if len(tokens) < FIELDS_MIN else f"reads the first {FIELDS_MAX} and ignores the rest"
             out.append(Finding(n, "fields", f"{len(tokens)} fields, the plugin takes {FIELDS_MIN} to {FIELDS_MAX} ({what})"))
-            continue
-        row = _parse_row(n, tokens, out)
-        if row:
-            rows.append((n, row))
-    return rows, kept, out
+        if len(tokens) < FIELDS_MIN:
+            return
+        tokens = tokens[:FIELDS_MAX]
+    if line.lstrip(" \t").startswith("#"):
+        tokens[0] = "allreduce"  # an unknown collective: the plugin's default, said by the indent finding above
+    rows.append((n, _parse_row(n, tokens, out)))
 
 
 def check_tuner_csv(text: str, tiled: bool | None = None) -> list[Finding]:
