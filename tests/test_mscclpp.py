@@ -228,7 +228,6 @@ RULES = [
     (_local_out_of_range, "lie outside its 2 chunks"),
     (_undeclared_channel, "is not among the thread block's"),
     (_unknown_buffer, "buffer_id 7 is not among"),
-    (_unpaired_channel, "channels pair one to one"),
     (_tb_ids, "thread block ids must run 0, 1"),
     (_wait_before_signal, "cycle: thread blocks wait on each other"),
 ]

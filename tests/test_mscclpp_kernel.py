@@ -159,3 +159,21 @@ def test_verify_labels_the_times_it_prints(tmp_path, capsys):
     assert "times modelled on a generic full mesh of its GPUs" in " ".join(capsys.readouterr().out.split())
     assert main(["verify", str(tmp_path / "s.json")]) == 0
     assert "times modelled on its own topology" in " ".join(capsys.readouterr().out.split())
+
+
+def test_more_channels_one_way_are_accepted_as_mscclpp_pairs_them():
+    """MSCCL++ makes the missing channels on the side that declares fewer (getUnpairedChannelInfos)
+    and pairs them in order per peer, so an extra channel one way loads and the plan runs; a signal
+    sent into it has no wait on the other side (none of that side's ops can name it): refused."""
+    from test_mscclpp import _unpaired_channel, mutated
+
+    extra = mutated(_unpaired_channel)
+    assert _judge(extra) == ([], [])
+    used = copy.deepcopy(extra)
+    g0 = used["gpus"][0]
+    tb = g0["threadblocks"][0]
+    k = len(g0["channels"][0]["connected_to"]) - 1  # GPU 0's extra memory channel
+    tb["channels"][0]["channel_ids"].append(k)
+    tb["ops"].append({"name": "signal", "channel_ids": [len(tb["channels"][0]["channel_ids"]) - 1], "channel_type": "memory"})
+    found, _ = _judge(used)
+    assert any("every signal needs its wait" in f for f in found), found
