@@ -100,11 +100,11 @@ def test_sixteen_chunks_of_a_ring_now_fit_in_thread_blocks(tmp_path, capfd, ring
 
     r = cli("export", ring8_16, "--mscclpp", tmp_path / "p")
     assert r.code == 0, r.err
-    plan = load_plan(tmp_path / "p" / "s.json")
+    plan = load_plan(tmp_path / "p" / "s.mscclpp-plan.json")
     assert check_limits(plan) == []
     assert max(len(tb.ops) for g in plan.gpus for tb in g.threadblocks) <= MAX_OPERATION
     assert max(len(g.threadblocks) for g in plan.gpus) > 1
-    assert cli_here(capfd, "verify", tmp_path / "p" / "s.json").code == 0
+    assert cli_here(capfd, "verify", tmp_path / "p" / "s.mscclpp-plan.json").code == 0
 
 
 def test_range_export_writes_one_plan_per_range(tmp_path, capfd):
@@ -137,3 +137,27 @@ def test_verify_calls_a_plan_over_the_limits_invalid(tmp_path, capfd, ring8_16):
     path.write_text(json.dumps(obj))
     r = cli_here(capfd, "verify", path)
     assert r.code == 1 and "64" in r.err and "Traceback" not in r.err, r.err
+
+
+def test_a_plan_of_one_schedule_says_what_it_is_and_which_sizes_it_is_for(tmp_path, capsys, schedules):
+    """The file name says it is a plan; by default MSCCL++ may pick it only at the size the schedule
+    was synthesized for (flowride's size: AllGather's output), and the CLI says so; --plan-sizes
+    widens it; a bad range is one line."""
+    sched = json.loads(schedules["allgather"].read_text())
+    out = tmp_path / "plans"
+    capsys.readouterr()
+    assert main(["export", str(schedules["allgather"]), "--mscclpp", str(out)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    (plan,) = out.glob("*.json")
+    assert plan.name.endswith(".mscclpp-plan.json")
+    data = json.loads(plan.read_text())
+    size = sched["size_bytes"] if "size_bytes" in sched else data["min_message_size"]
+    assert data["min_message_size"] == data["max_message_size"] == size and f"{size:,}..{size:,} bytes" in said
+    wide = tmp_path / "wide"
+    assert main(["export", str(schedules["allgather"]), "--mscclpp", str(wide), "--plan-sizes", "1KiB:max"]) == 0
+    (plan,) = wide.glob("*.json")
+    data = json.loads(plan.read_text())
+    assert (data["min_message_size"], data["max_message_size"]) == (1024, (1 << 64) - 1)
+    capsys.readouterr()
+    assert main(["export", str(schedules["allgather"]), "--mscclpp", str(tmp_path / "bad"), "--plan-sizes", "64MiB:1MiB"]) == 2
+    assert "--plan-sizes" in capsys.readouterr().err

@@ -11,7 +11,9 @@ from flowride.argtypes import SECONDS, number, out_dir, out_file
 from flowride.cli.common import as_options, console, err, refuse_unused, topology_args
 from flowride.cli.sweep import SweepView, ranges_table, sweep_args, sweep_of
 from flowride.errors import InputError
+from flowride.program.mscclpp_plan import MAX_U64
 from flowride.sizes import DEFAULT_MAX_LOSS
+from flowride.units import parse_size
 
 TUNER_SIZES = "1K:1G:x2"  # the default sweep of --nccl-tuner: 1 KiB to 1 GiB, doubling (21 sizes)
 RANGE_DEFAULTS = {"collective": "allgather", "chunk_options": "1,2,4", "epochs": "fast", "method": "auto"}
@@ -41,19 +43,40 @@ def cmd_export(a: argparse.Namespace) -> int:
     sched = load_schedule(a.schedule)
     prog = lower(sched)
     steps = sum(len(g.steps) for g in prog.gpus)
+    if a.plan_sizes is not None and not a.mscclpp:
+        raise InputError("--plan-sizes", "applies to an MSCCL++ plan", "add --mscclpp DIR, or leave it out")
     if a.mscclpp:  # built and checked before anything is written
         from pathlib import Path
 
-        with as_options(proto="--proto", mscclpp="--mscclpp"):
-            path = write_mscclpp(prog, sched.topology, Path(a.mscclpp) / f"{Path(a.schedule).stem}.json", proto=a.proto or "Simple",
-                                 name=f"flowride {prog.collective.value} {sched.topology.name}")
+        lo, hi = _plan_sizes(a.plan_sizes, sched.demand.size_bytes)
+        with as_options(proto="--proto", mscclpp="--mscclpp", min_bytes="--plan-sizes"):
+            path = write_mscclpp(prog, sched.topology, Path(a.mscclpp) / f"{Path(a.schedule).stem}.mscclpp-plan.json",
+                                 proto=a.proto or "Simple", name=f"flowride {prog.collective.value} {sched.topology.name}",
+                                 min_bytes=lo, max_bytes=hi)
+        said = "the size it was synthesized for" if a.plan_sizes is None else "--plan-sizes"
         console.print(f"MSCCL++ execution plan for {prog.collective.value} on {prog.ngpus} GPUs ({a.proto or 'Simple'}), "
-                      f"written to {path}")
+                      f"for messages of {lo:,}..{hi:,} bytes ({said}; MSCCL++ picks it only there), written to {path}",
+                      soft_wrap=True)
     if a.msccl:
         write_msccl(prog, a.msccl, unfused=a.unfused, proto=a.proto or "Simple")
         kind = "unfused (s/r/rrc/nop)" if a.unfused else "MSCCL"
         console.print(f"{kind} algorithm for {prog.collective.value} on {prog.ngpus} GPUs, {steps} steps, written to {a.msccl}")
     return 0
+
+
+def _plan_sizes(text: str | None, synthesized: int) -> tuple[int, int]:
+    """``--plan-sizes MIN:MAX`` (sizes as ``--size`` takes them; ``max`` for no upper limit), or
+    the one size the schedule was synthesized for."""
+    if text is None:
+        return synthesized, synthesized
+    lo_t, sep, hi_t = text.partition(":")
+    if not sep:
+        raise InputError("--plan-sizes", f"{text!r} is not MIN:MAX", "write e.g. 1MiB:64MiB, or 0:max for every size")
+    lo = parse_size(lo_t, "--plan-sizes") if lo_t.strip() not in ("", "0") else 0
+    hi = None if hi_t.strip() == "max" else parse_size(hi_t, "--plan-sizes")
+    if hi is not None and hi < lo:
+        raise InputError("--plan-sizes", f"{text!r}: the maximum is below the minimum", "write MIN:MAX with MIN <= MAX")
+    return lo, (hi if hi is not None else MAX_U64)
 
 
 def _ints(text: str, field: str) -> tuple[int, ...]:
@@ -83,6 +106,7 @@ def _export_ranges(a: argparse.Namespace, sizes: list[int] | None) -> int:
     if a.msccl:
         raise InputError("--msccl", "names one file, and a range export writes one per range", "use --out-dir only")
     refuse_unused(a, "with synth and run sweeps", "read OUT/ranges.json: a range export writes its rows there", json="--json")
+    refuse_unused(a, "in a range export: each range's plan carries its own sizes", "leave it out", plan_sizes="--plan-sizes")
     for k, v in RANGE_DEFAULTS.items():
         if getattr(a, k) is None:
             setattr(a, k, v)
@@ -123,7 +147,7 @@ def _export_tuner(a: argparse.Namespace, sizes: list[int] | None) -> int:
                          "dgx-h100 --nodes 2")
     refuse_unused(a, "in an MSCCL export", "leave it out with --nccl-tuner", out_dir="--out-dir", chunk_options="--chunk-options",
                   epochs="--epochs", method="--method", time_limit="--time-limit", max_loss="--max-loss", clean="--clean",
-                  proto="--proto", unfused="--unfused", json="--json", mscclpp="--mscclpp")
+                  proto="--proto", unfused="--unfused", json="--json", mscclpp="--mscclpp", plan_sizes="--plan-sizes")
     with as_options(collective="--collective"):
         colls = tuner_collectives(a.collective)
     sizes = sizes if sizes is not None else sweep_sizes(sizes=TUNER_SIZES)
@@ -185,6 +209,8 @@ def add_export(sub) -> None:
                     help="--nccl-tuner: write rows only where flowride overrides NCCL, leaving the other ranges to NCCL (the "
                          "stock example plugin runs every call no row matches on ONE channel: patch it first; docs/nccl_tuner.md). "
                          "Default: a row for every size range, NCCL's own pick where flowride has none")
+    ex.add_argument("--plan-sizes", metavar="MIN:MAX", help="--mscclpp of one schedule: the message sizes MSCCL++ may pick the "
+                    "plan for, e.g. 1MiB:64MiB or 0:max (default: the size the schedule was synthesized for)")
     ex.add_argument("--unfused", action="store_true", help="only s, r, rrc and nop steps (what ASTRA-sim's converter reads)")
     ex.add_argument("--proto", choices=["Simple", "LL128", "LL"], help="MSCCL protocol attribute (default: Simple; range export: "
                     "chosen per size by NCCL's cost model)")
