@@ -34,13 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from flowride.runtime.defaults import for_topology
 from flowride.runtime.nccl_tuning import estimates
 from flowride.sweep.nccl_tuner import (
     applied_at,
     apply_tuner_csv,
     plan_tuner,
     size_choice,
-    tuner_calibration,
     write_tuner,
 )
 from flowride.sweep.nccl_tuner_rules import check_tuner_csv, parse_tuner_csv
@@ -77,7 +77,7 @@ def between(topo, plan, text: str, chosen) -> dict:
 def run(node: str, nodes: int, sizes: list[int], out_dir: Path, spec: str | None, network: str, mid: bool = False) -> dict:
     t0 = time.perf_counter()
     topo = build_topology("fabric", node=node, nodes=nodes, network="rail")
-    chosen = tuner_calibration(topo, spec, network)
+    chosen = for_topology(topo, spec, network)
     plan = plan_tuner(topo, list(COLLECTIVES), sizes, calibration=chosen)
     path = out_dir / f"{node}x{nodes}.csv"
     write_tuner(plan, path)

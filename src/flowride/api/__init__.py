@@ -94,10 +94,10 @@ def synthesize_with(topo: Topology, collective: Collective | str, size_bytes: in
     slowest links shortens the epoch, synthesize on the faster subgraphs too and keep the best
     (:mod:`flowride.api.subgraphs`: more links never give a slower schedule). ``calibration``: as
     for :func:`synthesize`."""
-    chosen = calibration if isinstance(calibration, Chosen) or not nccl or topo.teccl_compat else \
-        for_topology(topo, calibration)  # a bad profile is refused before any work
+    priced = nccl and not topo.teccl_compat
+    chosen = for_topology(topo, calibration) if priced else None  # a bad profile is refused before any work
     out = _search(topo, collective, size_bytes, chunks, opts, progress, warm, nccl, subgraphs)
-    if nccl and chosen is not None and not topo.teccl_compat:
+    if chosen is not None:
         out.headline = headline(out.schedule, out.parts, out.demand.collective, out.demand.size_bytes, chosen)
     return out
 

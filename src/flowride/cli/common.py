@@ -163,7 +163,7 @@ def calibration_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", help="the communication model's calibration: default (fitted to published nccl-tests "
                    "runs for the node type), nccl (NCCL's own model, uncorrected), ib, efa, or a profile written by "
                    "`flowride calibrate`")
-    p.add_argument("--network-kind", choices=("ib", "efa"), default="ib",
+    p.add_argument("--network-kind", choices=("ib", "efa"),
                    help="the network's kind for the built-in calibration: ib (InfiniBand/RoCE, default) or efa (AWS EFA)")
 
 
@@ -172,4 +172,4 @@ def chosen_calibration(a: argparse.Namespace, topo):
     from flowride.runtime.defaults import for_topology
 
     with as_options(network_kind="--network-kind", calibration="--calibration"):
-        return for_topology(topo, getattr(a, "calibration", None), getattr(a, "network_kind", "ib") or "ib")
+        return for_topology(topo, getattr(a, "calibration", None), getattr(a, "network_kind", None))

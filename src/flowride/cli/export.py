@@ -8,7 +8,14 @@ from __future__ import annotations
 import argparse
 
 from flowride.argtypes import SECONDS, number, out_dir, out_file
-from flowride.cli.common import as_options, console, err, refuse_unused, topology_args
+from flowride.cli.common import (
+    as_options,
+    calibration_args,
+    console,
+    err,
+    refuse_unused,
+    topology_args,
+)
 from flowride.cli.sweep import SweepView, ranges_table, sweep_args, sweep_of
 from flowride.errors import InputError
 from flowride.program.mscclpp_plan import MAX_U64
@@ -156,7 +163,7 @@ def _export_tuner(a: argparse.Namespace, sizes: list[int] | None) -> int:
              "network_kind": "--network-kind"}
     with err.status("[bold]export[/bold] NCCL's model, calibrated") as st, as_options(**names):
         plan = export_nccl_tuner(topo, colls, sizes, a.nccl_tuner, SweepView(st), every_range=not a.gaps,
-                                 calibration=a.calibration, network=a.network_kind or "ib")
+                                 calibration=a.calibration, network=a.network_kind)
     t = SweepTable(f"NCCL tuner overrides for {plan.topology} ({plan.gpus} ranks, {plan.nodes} node(s)): flowride's pick vs "
                    f"NCCL's default per size range; times: NCCL's model calibrated ({plan.calibration}), us; a row only where "
                    "the gain beats the model's error at that size", [("", c, "") for c in plan.COLUMNS[:-1]],
@@ -200,11 +207,7 @@ def add_export(sub) -> None:
                          "range, the algorithm/protocol NCCL's cost model calibrated to measured curves prefers where NCCL's "
                          "own model picks otherwise, by more than the model's error there; needs --topology; sizes from "
                          f"-b/-e/-f or --sizes (default {TUNER_SIZES}); the side table goes to FILE.md (docs/nccl_tuner.md)")
-    ex.add_argument("--calibration", help="--nccl-tuner: the calibrated model to pick by: default (fitted to published runs "
-                    "for the fabric's node type), nccl (NCCL's own model: no rows), ib, efa, or a profile written by "
-                    "`flowride calibrate`")
-    ex.add_argument("--network-kind", choices=("ib", "efa"),
-                    help="--nccl-tuner: the network's kind for the built-in calibration (default ib)")
+    calibration_args(ex)  # --nccl-tuner only (refused elsewhere)
     ex.add_argument("--gaps", action="store_true", default=None,
                     help="--nccl-tuner: write rows only where flowride overrides NCCL, leaving the other ranges to NCCL (the "
                          "stock example plugin runs every call no row matches on ONE channel: patch it first; docs/nccl_tuner.md). "

@@ -30,7 +30,7 @@ import numpy as np
 
 from flowride.api import synthesize
 from flowride.api.clock import Clock
-from flowride.api.priced import Headline
+from flowride.api.priced import Headline, nccl_priced
 from flowride.concurrent.bound import JointBound, joint_bound
 from flowride.concurrent.contention import run_together
 from flowride.concurrent.sharing import (
@@ -47,6 +47,7 @@ from flowride.concurrent.sharing import (
 )
 from flowride.concurrent.spec import Item
 from flowride.errors import InputError
+from flowride.runtime.defaults import for_topology
 from flowride.schedule.ir import Schedule
 from flowride.schedule.simulate import simulate
 from flowride.synth.nccl import NcclModel
@@ -400,8 +401,6 @@ def calibrated(out: JointOutcome) -> dict | None:
     and NCCL's algorithm as the epoch model builds it, both by :mod:`flowride.api.priced`: NCCL's
     closed form sees no spines), stretched by the contention the epoch model found (together over
     alone, NCCL's and the joint schedule's each their own). None where a collective has no price."""
-    from flowride.api.priced import nccl_priced
-
     nccl_t, joint_t, errs, names, seen = [], [], [], set(), {}
     for i, it in enumerate(out.items):
         s = out.alone[i]
@@ -411,8 +410,6 @@ def calibrated(out: JointOutcome) -> dict | None:
         topo = s.via.topo
         key = (it.collective, it.size_bytes, out.nccl_algorithms[i], tuple((lk.src, lk.dst, lk.bandwidth_GBps) for lk in topo.links))
         if key not in seen:
-            from flowride.runtime.defaults import for_topology
-
             seen[key] = nccl_priced(topo, it.collective, it.size_bytes, out.nccl_algorithms[i], for_topology(topo))
         nccl_alone_us = seen[key] if seen[key] is not None else h.nccl_us  # the closed form where no schedule is built
         alone_s, nccl_alone_s = s.finish_s, float(out.nccl_alone_s[i])

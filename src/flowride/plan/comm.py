@@ -73,12 +73,12 @@ class Pricer:
     """Prices collectives, each (group, collective, size) once; ``cache`` a JSON file or None."""
 
     def __init__(self, cache: str | Path | None = DEFAULT_CACHE, synth: bool = True, time_limit_s: float = 30.0,
-                 calibration: str | None = None, network_kind: str = "ib") -> None:
+                 calibration: str | None = None, network_kind: str | None = "ib") -> None:
         self.path = Path(cache) if cache else None
         self.synth = synth
         self.time_limit_s = time_limit_s
         self.calibration = calibration  # what --calibration takes: None (the built-in fit), nccl, ib, efa, a profile
-        self.network_kind = network_kind
+        self.network_kind = network_kind or "ib"
         self._profile = ""
         if calibration not in (None, "default", "nccl", "ib", "efa"):  # a profile: read now (refused before any work),
             from flowride.runtime.profile import (

@@ -88,10 +88,14 @@ def _errors(cal: Calibration, curve_ids: list[str], nodes: int) -> tuple[tuple[i
     return tuple((j.bytes, abs(j.ratio - 1)) for j in judge(cal, observed(cs)))
 
 
-def for_topology(topo, spec: str | None = None, network: str = "ib") -> Chosen:
+def for_topology(topo, spec: str | Chosen | None = None, network: str | None = "ib") -> Chosen:
     """``--calibration`` for a topology: a fabric's node type and node count look up the built-in
     calibration; a topology with no node type (a preset of its own links, a file) gets NCCL's own
-    model, unless ``spec`` names a profile file."""
+    model, unless ``spec`` names a profile file. A :class:`Chosen` is taken as it is; ``network``
+    None is ``ib``."""
+    if isinstance(spec, Chosen):
+        return spec
+    network = network or "ib"
     fab = topo.params.get("fabric") or {}
     node = fab.get("node")
     if node is None and spec in (None, "default", *NETWORKS):

@@ -249,20 +249,13 @@ def tile(sizes: Sequence[int], keys: Sequence, top: int = SIZE_MAX) -> list[tupl
     return out
 
 
-def tuner_calibration(topo: Topology, calibration: Chosen | str | None = None, network: str = "ib") -> Chosen:
-    """The calibration the tuner picks by: a :class:`Chosen` as given, else ``--calibration``'s
-    spec resolved for ``topo`` (:func:`flowride.runtime.defaults.for_topology`: the fitted
-    built-in for a fabric's node type, NCCL's own model for a topology with none, a profile file)."""
-    return calibration if isinstance(calibration, Chosen) else for_topology(topo, calibration, network)
-
-
 def size_choice(topo: Topology, collective: Collective | str, size: int, calibration: Chosen | str | None = None,
                 network: str = "ib", m: Machine | None = None) -> SizeChoice:
     """flowride's pick and NCCL's default for ``collective`` of ``size`` bytes (NCCL's nBytes: the
     output for AllGather, the input for ReduceScatter, the buffer for AllReduce) on ``topo``, by
-    ``calibration`` (:func:`tuner_calibration`); ``m``: the topology's machine, if already read."""
+    ``calibration`` (:func:`flowride.runtime.defaults.for_topology`); ``m``: the topology's machine, if already read."""
     coll = collective if isinstance(collective, Collective) else Collective.parse(collective)
-    chosen = tuner_calibration(topo, calibration, network)
+    chosen = for_topology(topo, calibration, network)
     m = m or machine(topo)
     est = {(e.algorithm, e.protocol): e.time_us for e in estimates(coll, m, size, IDENTITY)}
     if not {k for k in est if k[0] != "p2p"}:
@@ -454,14 +447,14 @@ def tuner_collectives(collectives: Sequence[str] | str | None) -> list[str]:
 def plan_tuner(topo: Topology, collectives: Sequence[str] | str | None, sizes: Sequence[int],
                progress: Callable[[dict], None] | None = None, every_range: bool = True,
                calibration: Chosen | str | None = None, network: str = "ib") -> TunerPlan:
-    """Both choices at every size of every collective by ``calibration`` (:func:`tuner_calibration`),
+    """Both choices at every size of every collective by ``calibration`` (:func:`flowride.runtime.defaults.for_topology`),
     merged into ranges (:func:`tile`); ``every_range``: a row for the ranges left to NCCL's default
     too (:attr:`TunerPlan.every_range`)."""
     colls = tuner_collectives(collectives)
     ss = sorted(set(int(s) for s in sizes))
     if not ss or ss[0] < 1:
         raise InputError("sizes", "none given, or one below 1 byte", "give e.g. 1KB:1GB:x2")
-    chosen = tuner_calibration(topo, calibration, network)
+    chosen = for_topology(topo, calibration, network)
     m = machine(topo)
     plan = TunerPlan(topo.name, m.ranks, m.nodes, colls, ss, every_range=every_range,
                      default_channels=nccl_channels(m.nodes, m.nics), calibration=chosen.name, fitted_on=tuple(chosen.fitted_on),
@@ -503,7 +496,7 @@ def export_nccl_tuner(topo: Topology, collectives: Sequence[str] | str | None, s
     """The one call behind ``flowride export --nccl-tuner FILE``: the collectives, the calibration
     and both output paths checked before any modelling, then :func:`plan_tuner` and :func:`write_tuner`."""
     tuner_collectives(collectives)
-    chosen = tuner_calibration(topo, calibration, network)
+    chosen = for_topology(topo, calibration, network)
     check_output_file(path, "nccl_tuner")
     check_output_file(side_table_path(path), "nccl_tuner")
     plan = plan_tuner(topo, collectives, sizes, progress, every_range, chosen)
